@@ -1,0 +1,43 @@
+//! The one place in kiln that names concrete burn backends.
+//!
+//! Everything else in kiln is generic over burn's `Backend`. This crate answers three questions:
+//! what is compiled in and present ([`probe`]), which backend and devices a user's request means
+//! ([`resolve`]), and how to call generic code on them ([`run_on`]). Adding a backend means adding
+//! a variant to [`Backend`], a probe, and one line in [`run_on`].
+
+mod choice;
+mod dispatch;
+mod error;
+mod probe;
+
+pub use choice::{Backend, BackendChoice, DeviceSelection};
+pub use dispatch::{BackendTask, run_on};
+pub use error::BackendError;
+pub use probe::{BackendReport, DeviceInfo, DeviceKind, Probe, probe};
+
+/// A backend and the devices on it that a run will use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    pub backend: Backend,
+    pub devices: Vec<DeviceInfo>,
+}
+
+/// Turns a user's request into concrete devices, or one clear error saying what is missing.
+pub fn resolve(
+    choice: BackendChoice,
+    selection: &DeviceSelection,
+    probe: &Probe,
+) -> Result<Resolved, BackendError> {
+    let (backend, candidates) = match choice {
+        // `auto` never lands on a software adapter; asked for explicitly, one is fine.
+        BackendChoice::Auto => (probe.auto_choice(), probe.auto_devices()),
+        BackendChoice::Explicit(backend) => {
+            (backend, probe.report(backend).devices()?.iter().collect())
+        }
+    };
+    let devices = selection.pick(backend, &candidates)?;
+    Ok(Resolved {
+        backend,
+        devices: devices.into_iter().cloned().collect(),
+    })
+}

@@ -1,0 +1,346 @@
+//! Finding out what is compiled in and what hardware is present, without constructing a burn
+//! device: burn 0.21 panics on first use of a CUDA device without libcuda, and of a wgpu device
+//! without an adapter.
+
+use std::cell::OnceCell;
+use std::fmt;
+
+use crate::choice::Backend;
+use crate::error::BackendError;
+
+/// What kind of device this is. `auto` never picks a `Software` adapter (llvmpipe, lavapipe,
+/// SwiftShader): it is far slower than the CPU backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DeviceKind {
+    Discrete,
+    Integrated,
+    Virtual,
+    Software,
+    Cpu,
+    Other,
+}
+
+impl DeviceKind {
+    pub fn is_hardware_gpu(self) -> bool {
+        matches!(
+            self,
+            DeviceKind::Discrete | DeviceKind::Integrated | DeviceKind::Virtual
+        )
+    }
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DeviceKind::Discrete => "discrete",
+            DeviceKind::Integrated => "integrated",
+            DeviceKind::Virtual => "virtual",
+            DeviceKind::Software => "software",
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Other => "other",
+        })
+    }
+}
+
+/// One device that a backend can run on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceInfo {
+    pub backend: Backend,
+    /// The index `--devices` uses for this device on this backend.
+    pub index: usize,
+    pub name: String,
+    pub kind: DeviceKind,
+    pub memory_bytes: Option<u64>,
+    /// Driver or graphics API details, for display.
+    pub detail: String,
+    /// The device's ordinal among devices of its kind, as burn numbers them.
+    pub(crate) ordinal: usize,
+}
+
+/// One backend's entry in a probe: its devices, or why there are none.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendReport {
+    pub backend: Backend,
+    pub status: Result<Vec<DeviceInfo>, BackendError>,
+}
+
+impl BackendReport {
+    pub fn devices(&self) -> Result<&[DeviceInfo], BackendError> {
+        match &self.status {
+            Ok(devices) if devices.is_empty() => Err(BackendError::NoDevice {
+                backend: self.backend,
+            }),
+            Ok(devices) => Ok(devices),
+            Err(e) => Err(e.clone()),
+        }
+    }
+}
+
+/// Every backend kiln knows, compiled in or not. Each backend is probed on first use, so that
+/// asking about the CPU backend never loads a GPU driver.
+#[derive(Debug, Default)]
+pub struct Probe {
+    reports: [OnceCell<BackendReport>; Backend::ALL.len()],
+    wgpu_adapters: OnceCell<Vec<wgpu_probe::Adapter>>,
+}
+
+impl Probe {
+    pub fn report(&self, backend: Backend) -> &BackendReport {
+        let slot = Backend::ALL
+            .iter()
+            .position(|b| *b == backend)
+            .unwrap_or_default();
+        self.reports[slot].get_or_init(|| BackendReport {
+            backend,
+            status: self.probe_backend(backend),
+        })
+    }
+
+    /// Every backend's report, probing those not yet probed.
+    pub fn reports(&self) -> impl Iterator<Item = &BackendReport> {
+        Backend::ALL.into_iter().map(|backend| self.report(backend))
+    }
+
+    fn probe_backend(&self, backend: Backend) -> Result<Vec<DeviceInfo>, BackendError> {
+        if !backend.is_compiled() {
+            return Err(BackendError::NotCompiled { backend });
+        }
+        match backend {
+            Backend::Cuda => cuda_probe::devices(),
+            Backend::Wgpu | Backend::Vulkan | Backend::Metal => {
+                let adapters = self.wgpu_adapters.get_or_init(wgpu_probe::adapters);
+                wgpu_probe::devices_for(backend, adapters)
+            }
+            Backend::Flex | Backend::NdArray => Ok(vec![cpu_device(backend)]),
+        }
+    }
+
+    /// What `--backend auto` means on this machine: CUDA with a device, else a hardware wgpu
+    /// adapter, else the CPU backend.
+    pub fn auto_choice(&self) -> Backend {
+        let has_device = |backend: Backend, accept: fn(DeviceKind) -> bool| {
+            self.report(backend)
+                .devices()
+                .is_ok_and(|devices| devices.iter().any(|d| accept(d.kind)))
+        };
+        if has_device(Backend::Cuda, |_| true) {
+            Backend::Cuda
+        } else if has_device(Backend::Wgpu, DeviceKind::is_hardware_gpu) {
+            Backend::Wgpu
+        } else if Backend::Flex.is_compiled() || !Backend::NdArray.is_compiled() {
+            Backend::Flex
+        } else {
+            Backend::NdArray
+        }
+    }
+
+    /// The devices `auto` may use on its backend: never a software adapter.
+    pub fn auto_devices(&self) -> Vec<&DeviceInfo> {
+        let backend = self.auto_choice();
+        self.report(backend)
+            .devices()
+            .map(|devices| {
+                devices
+                    .iter()
+                    .filter(|d| backend != Backend::Wgpu || d.kind.is_hardware_gpu())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// A probe of this machine. Never panics and never constructs a burn device.
+pub fn probe() -> Probe {
+    Probe::default()
+}
+
+fn cpu_device(backend: Backend) -> DeviceInfo {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    DeviceInfo {
+        backend,
+        index: 0,
+        name: format!("CPU ({threads} threads)"),
+        kind: DeviceKind::Cpu,
+        memory_bytes: None,
+        detail: std::env::consts::ARCH.to_string(),
+        ordinal: 0,
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda_probe {
+    use cudarc::driver::result;
+
+    use super::{DeviceInfo, DeviceKind};
+    use crate::{Backend, BackendError};
+
+    pub fn devices() -> Result<Vec<DeviceInfo>, BackendError> {
+        let backend = Backend::Cuda;
+        // SAFETY: only tries to dlopen the library, as cudarc itself does on first use.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(BackendError::DriverMissing {
+                backend,
+                library: "libcuda (the NVIDIA driver)",
+                fix: "install the NVIDIA driver, or run with --backend wgpu or --backend flex",
+            });
+        }
+        // SAFETY: as above.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(BackendError::DriverMissing {
+                backend,
+                library: "libnvrtc (CUDA's runtime compiler)",
+                fix: "install the CUDA toolkit's nvrtc library (for example the nvidia-cuda-nvrtc wheel or your distribution's libnvrtc package), or run with --backend wgpu or --backend flex",
+            });
+        }
+        let failed = |e: result::DriverError| BackendError::DriverFailed {
+            backend,
+            reason: e.to_string(),
+        };
+        result::init().map_err(failed)?;
+        let count = result::device::get_count().map_err(failed)?;
+        (0..count)
+            .map(|ordinal| {
+                let device = result::device::get(ordinal).map_err(failed)?;
+                let name = result::device::get_name(device).map_err(failed)?;
+                // SAFETY: `device` is a valid handle returned by the driver above.
+                let memory = unsafe { result::device::total_mem(device) }.map_err(failed)?;
+                Ok(DeviceInfo {
+                    backend,
+                    index: ordinal as usize,
+                    name,
+                    kind: DeviceKind::Discrete,
+                    memory_bytes: Some(memory as u64),
+                    detail: "CUDA".to_string(),
+                    ordinal: ordinal as usize,
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod cuda_probe {
+    use super::DeviceInfo;
+    use crate::{Backend, BackendError};
+
+    pub fn devices() -> Result<Vec<DeviceInfo>, BackendError> {
+        Err(BackendError::NotCompiled {
+            backend: Backend::Cuda,
+        })
+    }
+}
+
+#[cfg(feature = "wgpu")]
+mod wgpu_probe {
+    use super::{DeviceInfo, DeviceKind};
+    use crate::{Backend, BackendError};
+
+    /// An adapter as wgpu reports it, before it is numbered for a backend.
+    #[derive(Debug, Clone)]
+    pub struct Adapter {
+        api: wgpu::Backend,
+        name: String,
+        kind: DeviceKind,
+        driver: String,
+    }
+
+    /// Every Vulkan and Metal adapter, listed the way burn's wgpu runtime lists them.
+    pub fn adapters() -> Vec<Adapter> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: wgpu::Backends::VULKAN | wgpu::Backends::METAL,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        pollster::block_on(
+            instance.enumerate_adapters(wgpu::Backends::VULKAN | wgpu::Backends::METAL),
+        )
+        .into_iter()
+        .map(|adapter| {
+            let info = adapter.get_info();
+            Adapter {
+                api: info.backend,
+                name: info.name,
+                kind: match info.device_type {
+                    wgpu::DeviceType::DiscreteGpu => DeviceKind::Discrete,
+                    wgpu::DeviceType::IntegratedGpu => DeviceKind::Integrated,
+                    wgpu::DeviceType::VirtualGpu => DeviceKind::Virtual,
+                    wgpu::DeviceType::Cpu => DeviceKind::Software,
+                    wgpu::DeviceType::Other => DeviceKind::Other,
+                },
+                driver: [info.driver, info.driver_info]
+                    .into_iter()
+                    .filter(|s| !s.is_empty())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            }
+        })
+        .collect()
+    }
+
+    /// The graphics API each wgpu-based backend uses: burn's `Wgpu` picks Metal on macOS and
+    /// Vulkan elsewhere.
+    pub fn api_of(backend: Backend) -> wgpu::Backend {
+        match backend {
+            Backend::Metal => wgpu::Backend::Metal,
+            Backend::Vulkan => wgpu::Backend::Vulkan,
+            _ if cfg!(target_os = "macos") => wgpu::Backend::Metal,
+            _ => wgpu::Backend::Vulkan,
+        }
+    }
+
+    /// The adapters one backend can use, best first: discrete, integrated, virtual, software.
+    /// `ordinal` numbers adapters within their kind, as burn's `WgpuDevice` does.
+    pub fn devices_for(
+        backend: Backend,
+        adapters: &[Adapter],
+    ) -> Result<Vec<DeviceInfo>, BackendError> {
+        let api = api_of(backend);
+        let mut devices: Vec<DeviceInfo> = Vec::new();
+        for adapter in adapters
+            .iter()
+            .filter(|a| a.api == api && a.kind != DeviceKind::Other)
+        {
+            let ordinal = devices.iter().filter(|d| d.kind == adapter.kind).count();
+            devices.push(DeviceInfo {
+                backend,
+                index: 0,
+                name: adapter.name.clone(),
+                kind: adapter.kind,
+                memory_bytes: None,
+                detail: format!("{:?} {}", adapter.api, adapter.driver)
+                    .trim()
+                    .to_string(),
+                ordinal,
+            });
+        }
+        // burn selects the software adapter as `WgpuDevice::Cpu`, which has no index.
+        let mut seen_software = false;
+        devices.retain(|d| {
+            d.kind != DeviceKind::Software || !std::mem::replace(&mut seen_software, true)
+        });
+        devices.sort_by_key(|d| (d.kind, d.ordinal));
+        for (index, device) in devices.iter_mut().enumerate() {
+            device.index = index;
+        }
+        if devices.is_empty() {
+            return Err(BackendError::NoDevice { backend });
+        }
+        Ok(devices)
+    }
+}
+
+#[cfg(not(feature = "wgpu"))]
+mod wgpu_probe {
+    use super::DeviceInfo;
+    use crate::{Backend, BackendError};
+
+    #[derive(Debug, Clone)]
+    pub struct Adapter;
+
+    pub fn adapters() -> Vec<Adapter> {
+        Vec::new()
+    }
+
+    pub fn devices_for(backend: Backend, _: &[Adapter]) -> Result<Vec<DeviceInfo>, BackendError> {
+        Err(BackendError::NotCompiled { backend })
+    }
+}

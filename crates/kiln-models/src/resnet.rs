@@ -1,0 +1,458 @@
+//! ResNet as torchvision's `resnet.py` builds it: a block, a stage, a network.
+//!
+//! Field names are torchvision's (`conv1`, `bn1`, `layer1`, `downsample`, `fc`), so weight files
+//! map onto the model by name.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
+use burn::nn::{Initializer, Linear, LinearConfig, PaddingConfig2d};
+use burn::tensor::activation::relu;
+use burn::tensor::{Tensor, backend::Backend, s};
+use serde::{Deserialize, Serialize};
+
+use crate::ModelError;
+use crate::batch_norm::BatchNorm2d;
+
+/// The first layers: torchvision's ImageNet stem, or the CIFAR one for 32x32 inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Stem {
+    /// 7x7 stride-2 convolution and a 3x3 stride-2 max-pool: inputs shrink 4x.
+    #[default]
+    Imagenet,
+    /// 3x3 stride-1 convolution, no max-pool: the usual choice for 32x32 inputs.
+    Cifar,
+}
+
+/// Which of torchvision's five ResNets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockKind {
+    Basic,
+    Bottleneck,
+}
+
+impl BlockKind {
+    /// Output channels of a block relative to its `planes`.
+    pub fn expansion(self) -> usize {
+        match self {
+            BlockKind::Basic => 1,
+            BlockKind::Bottleneck => 4,
+        }
+    }
+}
+
+/// The block type and blocks per stage of a depth, as torchvision defines them.
+pub fn architecture(depth: usize) -> Result<(BlockKind, [usize; 4]), ModelError> {
+    match depth {
+        18 => Ok((BlockKind::Basic, [2, 2, 2, 2])),
+        34 => Ok((BlockKind::Basic, [3, 4, 6, 3])),
+        50 => Ok((BlockKind::Bottleneck, [3, 4, 6, 3])),
+        101 => Ok((BlockKind::Bottleneck, [3, 4, 23, 3])),
+        152 => Ok((BlockKind::Bottleneck, [3, 8, 36, 3])),
+        other => Err(ModelError::UnknownDepth(other)),
+    }
+}
+
+#[derive(Config, Debug, PartialEq)]
+pub struct ResNetConfig {
+    /// 18, 34, 50, 101 or 152.
+    pub depth: usize,
+    #[config(default = 1000)]
+    pub num_classes: usize,
+    #[config(default = "Stem::Imagenet")]
+    pub stem: Stem,
+    /// Channels of the first stage; torchvision's 64. Smaller values give the same structure
+    /// with fewer parameters (tests use 4 or 8).
+    #[config(default = 64)]
+    pub width: usize,
+    /// Start each residual branch's last batch norm at zero, so every block begins as the
+    /// identity (torchvision's `zero_init_residual`).
+    #[config(default = false)]
+    pub zero_init_residual: bool,
+}
+
+impl ResNetConfig {
+    /// `resnet18`, `resnet50`, ... as torchvision names them.
+    pub fn from_name(name: &str) -> Result<Self, ModelError> {
+        let depth = name
+            .strip_prefix("resnet")
+            .and_then(|d| d.parse::<usize>().ok())
+            .ok_or_else(|| ModelError::UnknownModel(name.to_string()))?;
+        architecture(depth).map_err(|_| ModelError::UnknownModel(name.to_string()))?;
+        Ok(Self::new(depth))
+    }
+
+    pub fn name(&self) -> String {
+        format!("resnet{}", self.depth)
+    }
+
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Result<ResNet<B>, ModelError> {
+        let (kind, blocks) = architecture(self.depth)?;
+        if self.num_classes == 0 || self.width == 0 {
+            return Err(ModelError::ZeroSize {
+                num_classes: self.num_classes,
+                width: self.width,
+            });
+        }
+        let width = self.width;
+        let conv1 = match self.stem {
+            Stem::Imagenet => conv(3, width, 7, 2, 3, device),
+            Stem::Cifar => conv(3, width, 3, 1, 1, device),
+        };
+        let maxpool = (self.stem == Stem::Imagenet).then(|| {
+            MaxPool2dConfig::new([3, 3])
+                .with_strides([2, 2])
+                .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                .init()
+        });
+
+        let mut in_channels = width;
+        let mut stage = |index: usize, stride: usize| {
+            let planes = width << index;
+            let layer = make_stage(
+                kind,
+                in_channels,
+                planes,
+                blocks[index],
+                stride,
+                self,
+                device,
+            );
+            in_channels = planes * kind.expansion();
+            layer
+        };
+        let layer1 = stage(0, 1);
+        let layer2 = stage(1, 2);
+        let layer3 = stage(2, 2);
+        let layer4 = stage(3, 2);
+
+        Ok(ResNet {
+            conv1,
+            bn1: BatchNorm2d::new(width, false, device),
+            maxpool,
+            layer1,
+            layer2,
+            layer3,
+            layer4,
+            fc: LinearConfig::new(in_channels, self.num_classes).init(device),
+        })
+    }
+}
+
+/// A bias-free convolution with torchvision's init: Kaiming normal, fan-out, ReLU gain.
+fn conv<B: Backend>(
+    in_channels: usize,
+    out_channels: usize,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+    device: &B::Device,
+) -> Conv2d<B> {
+    Conv2dConfig::new([in_channels, out_channels], [kernel, kernel])
+        .with_stride([stride, stride])
+        .with_padding(PaddingConfig2d::Explicit(
+            padding, padding, padding, padding,
+        ))
+        .with_bias(false)
+        .with_initializer(Initializer::KaimingNormal {
+            gain: 2f64.sqrt(),
+            fan_out_only: true,
+        })
+        .init(device)
+}
+
+/// The strided 1x1 convolution and batch norm that match a block's shortcut to its output.
+///
+/// The stride is applied by taking every `stride`-th pixel before a stride-1 convolution, which
+/// is the same function. burn 0.21's wgpu backend computes the input gradient of a strided 1x1
+/// convolution wrongly for small channel counts (measured: 4 -> 8 channels on 8x8), and this
+/// form is exact on every backend.
+#[derive(Module, Debug)]
+pub struct Downsample<B: Backend> {
+    pub conv: Conv2d<B>,
+    pub bn: BatchNorm2d<B>,
+    pub stride: usize,
+}
+
+impl<B: Backend> Downsample<B> {
+    fn new(in_channels: usize, out_channels: usize, stride: usize, device: &B::Device) -> Self {
+        Self {
+            conv: conv(in_channels, out_channels, 1, 1, 0, device),
+            bn: BatchNorm2d::new(out_channels, false, device),
+            stride,
+        }
+    }
+
+    pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let x = match self.stride {
+            1 => x,
+            s => x.slice(s![.., .., ..;s as isize, ..;s as isize]),
+        };
+        self.bn.forward(self.conv.forward(x))
+    }
+}
+
+/// What a block adds its residual to: the input, or its downsampled projection.
+fn shortcut<B: Backend>(downsample: Option<&Downsample<B>>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    match downsample {
+        Some(downsample) => downsample.forward(x),
+        None => x,
+    }
+}
+
+/// Two 3x3 convolutions (ResNet-18 and 34).
+#[derive(Module, Debug)]
+pub struct BasicBlock<B: Backend> {
+    pub conv1: Conv2d<B>,
+    pub bn1: BatchNorm2d<B>,
+    pub conv2: Conv2d<B>,
+    pub bn2: BatchNorm2d<B>,
+    pub downsample: Option<Downsample<B>>,
+}
+
+impl<B: Backend> BasicBlock<B> {
+    pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let identity = shortcut(self.downsample.as_ref(), x.clone());
+        let out = relu(self.bn1.forward(self.conv1.forward(x)));
+        let out = self.bn2.forward(self.conv2.forward(out));
+        relu(out + identity)
+    }
+}
+
+/// 1x1 reduce, 3x3, 1x1 expand, with the stride on the 3x3 ("ResNet v1.5", as torchvision).
+#[derive(Module, Debug)]
+pub struct Bottleneck<B: Backend> {
+    pub conv1: Conv2d<B>,
+    pub bn1: BatchNorm2d<B>,
+    pub conv2: Conv2d<B>,
+    pub bn2: BatchNorm2d<B>,
+    pub conv3: Conv2d<B>,
+    pub bn3: BatchNorm2d<B>,
+    pub downsample: Option<Downsample<B>>,
+}
+
+impl<B: Backend> Bottleneck<B> {
+    pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let identity = shortcut(self.downsample.as_ref(), x.clone());
+        let out = relu(self.bn1.forward(self.conv1.forward(x)));
+        let out = relu(self.bn2.forward(self.conv2.forward(out)));
+        let out = self.bn3.forward(self.conv3.forward(out));
+        relu(out + identity)
+    }
+}
+
+/// One residual block of either kind.
+#[allow(clippy::large_enum_variant)] // a model holds a few dozen; boxing buys nothing
+#[derive(Module, Debug)]
+pub enum Block<B: Backend> {
+    Basic(BasicBlock<B>),
+    Bottleneck(Bottleneck<B>),
+}
+
+impl<B: Backend> Block<B> {
+    fn new(
+        kind: BlockKind,
+        in_channels: usize,
+        planes: usize,
+        stride: usize,
+        zero_init_residual: bool,
+        device: &B::Device,
+    ) -> Self {
+        let out_channels = planes * kind.expansion();
+        let downsample = (stride != 1 || in_channels != out_channels)
+            .then(|| Downsample::new(in_channels, out_channels, stride, device));
+        let bn = |channels, last| BatchNorm2d::new(channels, last && zero_init_residual, device);
+        match kind {
+            BlockKind::Basic => Block::Basic(BasicBlock {
+                conv1: conv(in_channels, planes, 3, stride, 1, device),
+                bn1: bn(planes, false),
+                conv2: conv(planes, planes, 3, 1, 1, device),
+                bn2: bn(planes, true),
+                downsample,
+            }),
+            BlockKind::Bottleneck => Block::Bottleneck(Bottleneck {
+                conv1: conv(in_channels, planes, 1, 1, 0, device),
+                bn1: bn(planes, false),
+                conv2: conv(planes, planes, 3, stride, 1, device),
+                bn2: bn(planes, false),
+                conv3: conv(planes, out_channels, 1, 1, 0, device),
+                bn3: bn(out_channels, true),
+                downsample,
+            }),
+        }
+    }
+
+    pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        match self {
+            Block::Basic(block) => block.forward(x),
+            Block::Bottleneck(block) => block.forward(x),
+        }
+    }
+}
+
+/// A stage (torchvision's `layerN`): the first block may stride and widen, the rest keep shape.
+fn make_stage<B: Backend>(
+    kind: BlockKind,
+    in_channels: usize,
+    planes: usize,
+    blocks: usize,
+    stride: usize,
+    config: &ResNetConfig,
+    device: &B::Device,
+) -> Vec<Block<B>> {
+    let out_channels = planes * kind.expansion();
+    (0..blocks)
+        .map(|i| {
+            let (input, stride) = if i == 0 {
+                (in_channels, stride)
+            } else {
+                (out_channels, 1)
+            };
+            Block::new(
+                kind,
+                input,
+                planes,
+                stride,
+                config.zero_init_residual,
+                device,
+            )
+        })
+        .collect()
+}
+
+fn forward_stage<B: Backend>(stage: &[Block<B>], x: Tensor<B, 4>) -> Tensor<B, 4> {
+    stage.iter().fold(x, |x, block| block.forward(x))
+}
+
+#[derive(Module, Debug)]
+pub struct ResNet<B: Backend> {
+    pub conv1: Conv2d<B>,
+    pub bn1: BatchNorm2d<B>,
+    /// Present with the ImageNet stem only.
+    pub maxpool: Option<MaxPool2d>,
+    pub layer1: Vec<Block<B>>,
+    pub layer2: Vec<Block<B>>,
+    pub layer3: Vec<Block<B>>,
+    pub layer4: Vec<Block<B>>,
+    pub fc: Linear<B>,
+}
+
+impl<B: Backend> ResNet<B> {
+    /// Images `[N, 3, H, W]` to logits `[N, num_classes]`.
+    pub fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
+        let x = relu(self.bn1.forward(self.conv1.forward(images)));
+        let x = match &self.maxpool {
+            Some(pool) => pool.forward(x),
+            None => x,
+        };
+        let x = forward_stage(&self.layer1, x);
+        let x = forward_stage(&self.layer2, x);
+        let x = forward_stage(&self.layer3, x);
+        let x = forward_stage(&self.layer4, x);
+        // Global average pool: torchvision's AdaptiveAvgPool2d((1, 1)) and flatten.
+        let [n, c, _, _] = x.dims();
+        let pooled = x.mean_dim(3).mean_dim(2).reshape([n, c]);
+        self.fc.forward(pooled)
+    }
+
+    pub fn num_classes(&self) -> usize {
+        self.fc.weight.dims()[1]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn::tensor::Distribution;
+
+    type B = Flex;
+
+    #[test]
+    fn every_depth_maps_images_to_logits() {
+        let device = Default::default();
+        for depth in [18, 34, 50, 101, 152] {
+            for stem in [Stem::Imagenet, Stem::Cifar] {
+                let model = ResNetConfig::new(depth)
+                    .with_num_classes(7)
+                    .with_width(2)
+                    .with_stem(stem)
+                    .init::<B>(&device)
+                    .unwrap();
+                let images = Tensor::<B, 4>::random([2, 3, 32, 32], Distribution::Default, &device);
+                assert_eq!(
+                    model.forward(images).dims(),
+                    [2, 7],
+                    "resnet{depth} {stem:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn stems_shrink_inputs_as_torchvision() {
+        let device = Default::default();
+        let model = ResNetConfig::new(18)
+            .with_width(4)
+            .init::<B>(&device)
+            .unwrap();
+        assert!(model.maxpool.is_some());
+        assert_eq!(model.conv1.weight.dims(), [4, 3, 7, 7]);
+        let cifar = ResNetConfig::new(18)
+            .with_width(4)
+            .with_stem(Stem::Cifar)
+            .init::<B>(&device)
+            .unwrap();
+        assert!(cifar.maxpool.is_none());
+        assert_eq!(cifar.conv1.weight.dims(), [4, 3, 3, 3]);
+    }
+
+    #[test]
+    fn zero_init_residual_zeroes_each_blocks_last_batch_norm() {
+        let device = Default::default();
+        let model = ResNetConfig::new(50)
+            .with_width(2)
+            .with_zero_init_residual(true)
+            .init::<B>(&device)
+            .unwrap();
+        for block in model.layer1.iter().chain(&model.layer4) {
+            let Block::Bottleneck(b) = block else {
+                panic!("resnet50 has bottleneck blocks")
+            };
+            assert_eq!(b.bn3.weight.val().sum().into_scalar(), 0.0);
+            assert_eq!(b.bn1.weight.val().min().into_scalar(), 1.0);
+        }
+    }
+
+    #[test]
+    fn convolutions_use_kaiming_normal_fan_out() {
+        let device = Default::default();
+        let model = ResNetConfig::new(18).init::<B>(&device).unwrap();
+        let Block::Basic(block) = &model.layer3[1] else {
+            panic!("resnet18 has basic blocks")
+        };
+        // 256 output channels * 3 * 3: std = sqrt(2 / 2304).
+        let w = block.conv2.weight.val();
+        let n = w.shape().num_elements() as f64;
+        let mean = w.clone().sum().into_scalar() as f64 / n;
+        let std = ((w.powi_scalar(2).sum().into_scalar() as f64 / n) - mean * mean).sqrt();
+        let expected = (2.0f64 / 2304.0).sqrt();
+        assert!(
+            (std / expected - 1.0).abs() < 0.02,
+            "std {std}, expected {expected}"
+        );
+    }
+
+    #[test]
+    fn names_resolve_and_unknown_depths_are_refused() {
+        assert_eq!(ResNetConfig::from_name("resnet101").unwrap().depth, 101);
+        assert!(ResNetConfig::from_name("resnet19").is_err());
+        assert!(ResNetConfig::from_name("vgg16").is_err());
+        let err = ResNetConfig::new(20)
+            .init::<B>(&Default::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("18, 34, 50, 101 or 152"));
+    }
+}

@@ -1,0 +1,531 @@
+//! torchvision weight files in and out, keyed exactly as torchvision's `state_dict`.
+//!
+//! kiln's module paths are torchvision's names except in two places, handled here: a block's
+//! shortcut is `downsample.conv` / `downsample.bn` in kiln and `downsample.0` / `downsample.1`
+//! in torchvision, and burn stores a linear layer's weight as `[in, out]` where PyTorch stores
+//! `[out, in]`. Batch norm's `num_batches_tracked` is an int64 scalar in PyTorch.
+//!
+//! Reading never executes code from the file: `.pth` files go through burn-store's restricted
+//! pickle reader, `.safetensors` files hold no code.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Tensor, TensorData};
+use burn_store::{ModuleSnapshot, ModuleStore, PytorchStore, SafetensorsStore, TensorSnapshot};
+
+use crate::ResNet;
+
+/// Prefixes under which training scripts commonly nest a state dict: a checkpoint dict
+/// (`{"state_dict": ...}`, `{"model": ...}`) and `DataParallel`'s `module.`.
+const STATE_DICT_PREFIXES: [&str; 6] = [
+    "",
+    "module.",
+    "state_dict.",
+    "state_dict.module.",
+    "model.",
+    "model.module.",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    #[error("cannot read weights from {path}: {reason}")]
+    Read { path: PathBuf, reason: String },
+    #[error("cannot write weights to {path}: {reason}")]
+    Write { path: PathBuf, reason: String },
+    #[error(
+        "{path} holds no ResNet state dict (no `conv1.weight` key, also under `state_dict.`, `model.` or `module.`)"
+    )]
+    NotAResNet { path: PathBuf },
+    #[error("{path} does not fit this {model}:{details}")]
+    Mismatch {
+        path: PathBuf,
+        model: String,
+        details: String,
+    },
+}
+
+/// What a load did beyond the obvious.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct LoadReport {
+    /// torchvision keys left at their initial values: the classifier when `num_classes`
+    /// differs from the file's (fine-tuning).
+    pub left_out: Vec<String>,
+    /// Keys the file lacked but that are safe to miss (`num_batches_tracked` in old files).
+    pub defaulted: Vec<String>,
+}
+
+/// Loads a torchvision `state_dict` (`.pth`, `.pt`, `.bin` or `.safetensors`) into `model`.
+///
+/// Every key must match by name and shape, with one exception: when only the classifier's
+/// class count differs, `fc.*` is left out and reported, for fine-tuning.
+pub fn load<B: Backend>(
+    mut model: ResNet<B>,
+    path: &Path,
+) -> Result<(ResNet<B>, LoadReport), WeightsError> {
+    let file = read_state_dict(path)?;
+    let expected = torch_shapes(&model);
+    let mut report = LoadReport::default();
+    let mut missing = Vec::new();
+    let mut wrong_shape = Vec::new();
+    for (name, shape) in &expected {
+        match file.get(name) {
+            Some(data) if torch_shape_matches(&data.shape, shape) => {}
+            Some(data) if is_classifier_resize(name, &data.shape, shape) => {
+                report.left_out.push(name.clone())
+            }
+            Some(data) => wrong_shape.push(format!(
+                "{name} is {:?} in the file, {:?} in the model",
+                data.shape.as_slice(),
+                shape
+            )),
+            None if name.ends_with(".num_batches_tracked") => report.defaulted.push(name.clone()),
+            None => missing.push(name.clone()),
+        }
+    }
+    let unexpected: Vec<String> = file
+        .keys()
+        .filter(|k| !expected.contains_key(*k))
+        .cloned()
+        .collect();
+    if !(missing.is_empty() && unexpected.is_empty() && wrong_shape.is_empty()) {
+        let mut details = String::new();
+        list(&mut details, "missing keys", &missing);
+        list(&mut details, "unexpected keys", &unexpected);
+        list(&mut details, "wrong shapes", &wrong_shape);
+        return Err(WeightsError::Mismatch {
+            path: path.to_path_buf(),
+            model: describe(&model),
+            details,
+        });
+    }
+
+    let snapshots = file
+        .into_iter()
+        .filter(|(name, _)| !report.left_out.contains(name))
+        .map(|(name, data)| {
+            let path_stack = kiln_path(&name).split('.').map(String::from).collect();
+            TensorSnapshot::from_data(
+                to_kiln_layout(&name, data),
+                path_stack,
+                vec![],
+                ParamId::new(),
+            )
+        })
+        .collect();
+    let result = model.apply(snapshots, None, None, true);
+    if !result.errors.is_empty() || !result.unused.is_empty() {
+        return Err(WeightsError::Mismatch {
+            path: path.to_path_buf(),
+            model: describe(&model),
+            details: format!(" {result}"),
+        });
+    }
+    Ok((model, report))
+}
+
+/// The model's state as torchvision names and lays it out, ready to save or compare.
+pub fn torch_state_dict<B: Backend>(model: &ResNet<B>) -> BTreeMap<String, TensorData> {
+    model
+        .collect(None, None, true)
+        .into_iter()
+        .map(|snapshot| {
+            let name = torch_name(&snapshot.full_path());
+            let data = snapshot
+                .to_data()
+                .expect("a live module's tensors can always be read");
+            let data = to_torch_layout(&name, data);
+            (name, data)
+        })
+        .collect()
+}
+
+/// Writes the model as `.safetensors` with torchvision's names, so that
+/// `torchvision.models.resnetNN().load_state_dict(safetensors.torch.load_file(p), strict=True)`
+/// takes it. Written to a temporary file and renamed, so a crash never leaves half a file.
+pub fn save_safetensors<B: Backend>(model: &ResNet<B>, path: &Path) -> Result<(), WeightsError> {
+    write_safetensors(&torch_state_dict(model), path)
+}
+
+/// Writes named tensors as `.safetensors` through a temporary file and a rename.
+pub fn write_safetensors(
+    state: &BTreeMap<String, TensorData>,
+    path: &Path,
+) -> Result<(), WeightsError> {
+    let write_err = |reason: String| WeightsError::Write {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let views = state
+        .iter()
+        .map(|(name, data)| {
+            let dtype = match data.dtype {
+                DType::I64 => safetensors::Dtype::I64,
+                DType::F32 => safetensors::Dtype::F32,
+                other => return Err(write_err(format!("{name} has unsupported dtype {other:?}"))),
+            };
+            safetensors::tensor::TensorView::new(dtype, data.shape.to_vec(), &data.bytes)
+                .map(|view| (name.clone(), view))
+                .map_err(|e| write_err(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let bytes = safetensors::serialize(views, None).map_err(|e| write_err(e.to_string()))?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".partial");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            write_err(e.to_string())
+        })
+}
+
+/// Reads every tensor of a weight file, keyed by torchvision name, with any checkpoint or
+/// `DataParallel` prefix removed.
+fn read_state_dict(path: &Path) -> Result<BTreeMap<String, TensorData>, WeightsError> {
+    let read_err = |reason: String| WeightsError::Read {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if !path.is_file() {
+        return Err(read_err("no such file".to_string()));
+    }
+    let is_safetensors = path.extension().is_some_and(|e| e == "safetensors");
+    let snapshots = if is_safetensors {
+        all_snapshots(SafetensorsStore::from_file(path)).map_err(read_err)?
+    } else {
+        all_snapshots(PytorchStore::from_file(path)).map_err(read_err)?
+    };
+    let prefix = STATE_DICT_PREFIXES
+        .into_iter()
+        .find(|p| snapshots.contains_key(&format!("{p}conv1.weight")))
+        .ok_or_else(|| WeightsError::NotAResNet {
+            path: path.to_path_buf(),
+        })?;
+    snapshots
+        .into_iter()
+        .filter_map(|(key, snapshot)| {
+            let name = key.strip_prefix(prefix)?.to_string();
+            Some(
+                snapshot
+                    .to_data()
+                    .map(|data| (name, data))
+                    .map_err(|e| read_err(e.to_string())),
+            )
+        })
+        .collect()
+}
+
+fn all_snapshots<S: ModuleStore>(mut store: S) -> Result<BTreeMap<String, TensorSnapshot>, String>
+where
+    S::Error: std::fmt::Display,
+{
+    store
+        .get_all_snapshots()
+        .map(|snapshots| {
+            snapshots
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .map_err(|e| e.to_string())
+}
+
+/// torchvision's name for a kiln module path.
+fn torch_name(kiln_path: &str) -> String {
+    kiln_path
+        .replace(".downsample.conv.", ".downsample.0.")
+        .replace(".downsample.bn.", ".downsample.1.")
+}
+
+/// kiln's module path for a torchvision name.
+fn kiln_path(torch_name: &str) -> String {
+    torch_name
+        .replace(".downsample.0.", ".downsample.conv.")
+        .replace(".downsample.1.", ".downsample.bn.")
+}
+
+/// Every torchvision key the model has, with the shape PyTorch gives it.
+fn torch_shapes<B: Backend>(model: &ResNet<B>) -> BTreeMap<String, Vec<usize>> {
+    model
+        .collect(None, None, true)
+        .into_iter()
+        .map(|snapshot| {
+            let name = torch_name(&snapshot.full_path());
+            let mut shape = snapshot.shape.to_vec();
+            if is_linear_weight(&name) {
+                shape.reverse();
+            }
+            if name.ends_with(".num_batches_tracked") {
+                shape.clear();
+            }
+            (name, shape)
+        })
+        .collect()
+}
+
+fn torch_shape_matches(file: &[usize], model: &[usize]) -> bool {
+    file == model
+}
+
+/// The classifier of another class count: same input features, other outputs.
+fn is_classifier_resize(name: &str, file: &[usize], model: &[usize]) -> bool {
+    match name {
+        "fc.weight" => file.len() == 2 && model.len() == 2 && file[1] == model[1],
+        "fc.bias" => file.len() == 1 && model.len() == 1,
+        _ => false,
+    }
+}
+
+fn is_linear_weight(name: &str) -> bool {
+    name == "fc.weight"
+}
+
+/// PyTorch's layout and dtype to kiln's: f32 floats, `[in, out]` linear weights, and the
+/// batch counter as a float of one element.
+fn to_kiln_layout(name: &str, data: TensorData) -> TensorData {
+    if name.ends_with(".num_batches_tracked") {
+        let count = data.convert::<i64>().to_vec::<i64>().unwrap_or_default();
+        return TensorData::new(vec![count.first().copied().unwrap_or(0) as f32], [1]);
+    }
+    let data = data.convert_dtype(DType::F32);
+    if is_linear_weight(name) {
+        transpose(data)
+    } else {
+        data
+    }
+}
+
+/// The inverse of [`to_kiln_layout`].
+fn to_torch_layout(name: &str, data: TensorData) -> TensorData {
+    if name.ends_with(".num_batches_tracked") {
+        let count = data.to_vec::<f32>().unwrap_or_default();
+        let count = count.first().copied().unwrap_or(0.0).round() as i64;
+        return TensorData::new(vec![count], Vec::<usize>::new());
+    }
+    let data = data.convert_dtype(DType::F32);
+    if is_linear_weight(name) {
+        transpose(data)
+    } else {
+        data
+    }
+}
+
+fn transpose(data: TensorData) -> TensorData {
+    let [rows, cols] = data.shape.dims::<2>();
+    let values = data.to_vec::<f32>().expect("converted to f32 above");
+    let transposed: Vec<f32> = (0..cols)
+        .flat_map(|c| (0..rows).map(move |r| (r, c)))
+        .map(|(r, c)| values[r * cols + c])
+        .collect();
+    TensorData::new(transposed, [cols, rows])
+}
+
+fn describe<B: Backend>(model: &ResNet<B>) -> String {
+    let width = model.conv1.weight.dims()[0];
+    format!("resnet (width {width}, {} classes)", model.num_classes())
+}
+
+/// Appends ` <label> (<count>): a, b, c, and N more` when `items` is not empty.
+fn list(out: &mut String, label: &str, items: &[String]) {
+    const SHOWN: usize = 8;
+    if items.is_empty() {
+        return;
+    }
+    let _ = write!(
+        out,
+        " {label} ({}): {}",
+        items.len(),
+        items[..items.len().min(SHOWN)].join(", ")
+    );
+    if items.len() > SHOWN {
+        let _ = write!(out, ", and {} more", items.len() - SHOWN);
+    }
+    out.push(';');
+}
+
+/// Every parameter's gradient, keyed and laid out as PyTorch's `param.grad` after
+/// `loss.backward()`. Parameters that took no part in the loss are absent.
+pub fn torch_gradients<B: AutodiffBackend>(
+    model: &ResNet<B>,
+    grads: &B::Gradients,
+) -> BTreeMap<String, TensorData> {
+    let mut collector = GradientCollector::<B> {
+        grads,
+        found: HashMap::new(),
+    };
+    model.visit(&mut collector);
+    model
+        .collect(None, None, true)
+        .into_iter()
+        .filter_map(|snapshot| {
+            let data = collector.found.remove(&snapshot.tensor_id?)?;
+            let name = torch_name(&snapshot.full_path());
+            let data = to_torch_layout(&name, data);
+            Some((name, data))
+        })
+        .collect()
+}
+
+struct GradientCollector<'a, B: AutodiffBackend> {
+    grads: &'a B::Gradients,
+    found: HashMap<ParamId, TensorData>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for GradientCollector<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(grad) = param.val().grad(self.grads) {
+            self.found.insert(param.id, grad.into_data());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ResNetConfig;
+    use burn::backend::Flex;
+
+    type B = Flex;
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures")
+            .join(name)
+    }
+
+    fn tiny(depth: usize, num_classes: usize, width: usize) -> ResNet<B> {
+        ResNetConfig::new(depth)
+            .with_num_classes(num_classes)
+            .with_width(width)
+            .init(&Default::default())
+            .unwrap()
+    }
+
+    fn assert_same_state(a: &BTreeMap<String, TensorData>, b: &BTreeMap<String, TensorData>) {
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        for (name, data) in a {
+            assert_eq!(data, &b[name], "{name}");
+        }
+    }
+
+    #[test]
+    fn full_size_models_have_torchvisions_keys() {
+        let device = Default::default();
+        for (depth, keys, params) in [(18, 122, 11_689_512), (50, 320, 25_557_032)] {
+            let model = ResNetConfig::new(depth).init::<B>(&device).unwrap();
+            let shapes = torch_shapes(&model);
+            assert_eq!(shapes.len(), keys, "resnet{depth}");
+            let learnable: usize = shapes
+                .iter()
+                .filter(|(k, _)| !k.contains("running_") && !k.ends_with("num_batches_tracked"))
+                .map(|(_, s)| s.iter().product::<usize>())
+                .sum();
+            assert_eq!(learnable, params, "resnet{depth} parameters");
+            assert_eq!(
+                shapes["fc.weight"],
+                vec![1000, 512 * (1 + 3 * (depth == 50) as usize)]
+            );
+            assert_eq!(shapes["layer2.0.downsample.1.running_var"].len(), 1);
+            assert!(shapes["bn1.num_batches_tracked"].is_empty());
+        }
+    }
+
+    #[test]
+    fn pth_safetensors_and_wrapped_checkpoints_load_the_same_weights() {
+        let reference = read_state_dict(&fixture("resnet18_w4.safetensors")).unwrap();
+        for file in [
+            "resnet18_w4.pth",
+            "resnet18_w4.safetensors",
+            "resnet18_w4_checkpoint.pth",
+        ] {
+            let (model, report) = load(tiny(18, 10, 4), &fixture(file)).unwrap();
+            assert_eq!(report, LoadReport::default(), "{file}");
+            assert_same_state(&torch_state_dict(&model), &reference);
+        }
+    }
+
+    #[test]
+    fn another_class_count_leaves_the_classifier_out() {
+        let (model, report) = load(tiny(50, 3, 4), &fixture("resnet50_w4.pth")).unwrap();
+        assert_eq!(report.left_out, vec!["fc.bias", "fc.weight"]);
+        assert_eq!(model.num_classes(), 3);
+        let file = read_state_dict(&fixture("resnet50_w4.pth")).unwrap();
+        let loaded = torch_state_dict(&model);
+        assert_eq!(
+            loaded["layer4.2.conv3.weight"],
+            file["layer4.2.conv3.weight"]
+        );
+    }
+
+    #[test]
+    fn mismatched_files_list_what_is_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut state = read_state_dict(&fixture("resnet18_w4.pth")).unwrap();
+        state.remove("layer3.1.bn2.running_mean");
+        state.insert("head.weight".into(), TensorData::new(vec![0f32; 4], [2, 2]));
+        let broken = dir.path().join("broken.safetensors");
+        write_safetensors(&state, &broken).unwrap();
+        let err = load(tiny(18, 10, 4), &broken).unwrap_err().to_string();
+        assert!(
+            err.contains("missing keys (1): layer3.1.bn2.running_mean"),
+            "{err}"
+        );
+        assert!(err.contains("unexpected keys (1): head.weight"), "{err}");
+
+        let err = load(tiny(18, 10, 8), &fixture("resnet18_w4.pth"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("wrong shapes")
+                && err.contains(
+                    "conv1.weight is [4, 3, 7, 7] in the file, [8, 3, 7, 7] in the model"
+                ),
+            "{err}"
+        );
+
+        let err = load(tiny(50, 10, 4), &fixture("resnet18_w4.pth"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("missing keys") && err.contains("conv3.weight"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unreadable_files_are_errors_not_panics() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = std::fs::read(fixture("resnet18_w4.pth")).unwrap();
+        let truncated = dir.path().join("truncated.pth");
+        std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+        let garbage = dir.path().join("garbage.safetensors");
+        std::fs::write(&garbage, b"not a weight file").unwrap();
+        for path in [truncated, garbage, dir.path().join("absent.pth")] {
+            let err = load(tiny(18, 10, 4), &path).unwrap_err();
+            assert!(err.to_string().contains(&*path.to_string_lossy()), "{err}");
+        }
+    }
+
+    #[test]
+    fn exported_safetensors_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        let model = tiny(50, 10, 4);
+        save_safetensors(&model, &path).unwrap();
+        let (loaded, _) = load(tiny(50, 10, 4), &path).unwrap();
+        assert_same_state(&torch_state_dict(&loaded), &torch_state_dict(&model));
+        let fixture_keys = read_state_dict(&fixture("resnet50_w4.safetensors")).unwrap();
+        let exported = read_state_dict(&path).unwrap();
+        assert_eq!(
+            exported.keys().collect::<Vec<_>>(),
+            fixture_keys.keys().collect::<Vec<_>>()
+        );
+        assert_eq!(exported["bn1.num_batches_tracked"].dtype, DType::I64);
+        assert_eq!(exported["fc.weight"].shape.to_vec(), vec![10, 128]);
+    }
+}

@@ -1,0 +1,4 @@
+//! kiln's engine, generic over burn's backends. The training loop arrives with the training
+//! issue; prediction is here because it is the first job that joins data and models.
+
+pub mod predict;

@@ -1,0 +1,188 @@
+//! `kiln predict`: the top classes of a few image files, as torchvision would score them.
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::activation::softmax;
+use burn::tensor::{Tensor, TensorData, backend::Backend};
+use kiln_data::{DataError, EvalTransform, ImageLimits, load_rgb};
+use kiln_models::pretrained::{self, PretrainedError};
+use kiln_models::weights::{self, WeightsError};
+use kiln_models::{ModelError, ResNetConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PredictError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+    #[error(transparent)]
+    Pretrained(#[from] PretrainedError),
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error("{} holds a classifier for another number of classes than the {num_classes} asked for: pass --num-classes with the count the model was trained on", path.display())]
+    ClassCount { path: PathBuf, num_classes: usize },
+    #[error("{} lists {found} class names, the model has {num_classes} classes", path.display())]
+    ClassNames {
+        path: PathBuf,
+        found: usize,
+        num_classes: usize,
+    },
+    #[error("cannot read class names from {}: {reason}", path.display())]
+    ClassFile { path: PathBuf, reason: String },
+}
+
+/// Where the weights come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Weights {
+    /// torchvision's ImageNet weights for the depth, from the cache or downloaded if allowed.
+    Torchvision { download: bool },
+    /// A torchvision state dict or a kiln export.
+    File(PathBuf),
+}
+
+impl Weights {
+    /// `"torchvision"` or a path, as configs and `--pretrained` spell it.
+    pub fn parse(spec: &str, download: bool) -> Self {
+        match spec {
+            "torchvision" => Weights::Torchvision { download },
+            path => Weights::File(PathBuf::from(path)),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct PredictRequest {
+    pub model: ResNetConfig,
+    pub weights: Weights,
+    pub images: Vec<PathBuf>,
+    pub transform: EvalTransform,
+    /// One name per line; `None` means ImageNet's for 1000 classes, else `class <i>`.
+    pub class_names: Option<PathBuf>,
+    pub top: usize,
+}
+
+/// One image's best classes, most likely first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prediction {
+    pub image: PathBuf,
+    pub top: Vec<(String, f32)>,
+}
+
+/// Scores every image in one batch and returns each one's `top` classes with probabilities.
+pub fn predict<B: Backend>(
+    request: &PredictRequest,
+    device: &B::Device,
+) -> Result<Vec<Prediction>, PredictError> {
+    let num_classes = request.model.num_classes;
+    let names = class_names(request.class_names.as_deref(), num_classes)?;
+    let model = load_model::<B>(request, device)?;
+
+    let side = request.transform.crop as usize;
+    let mut pixels = Vec::with_capacity(request.images.len() * 3 * side * side);
+    for path in &request.images {
+        let image = load_rgb(path, ImageLimits::default())?;
+        pixels.extend(request.transform.apply(&image));
+    }
+    let batch = Tensor::<B, 4>::from_data(
+        TensorData::new(pixels, [request.images.len(), 3, side, side]),
+        device,
+    );
+    let probabilities = softmax(model.forward(batch), 1)
+        .into_data()
+        .to_vec::<f32>()
+        .expect("softmax of f32 logits is f32");
+
+    Ok(request
+        .images
+        .iter()
+        .zip(probabilities.chunks(num_classes))
+        .map(|(image, row)| Prediction {
+            image: image.clone(),
+            top: top_k(row, request.top)
+                .into_iter()
+                .map(|(i, p)| (names[i].clone(), p))
+                .collect(),
+        })
+        .collect())
+}
+
+fn load_model<B: Backend>(
+    request: &PredictRequest,
+    device: &B::Device,
+) -> Result<kiln_models::ResNet<B>, PredictError> {
+    let path = match &request.weights {
+        Weights::Torchvision { download } => pretrained::torchvision_weights(
+            request.model.depth,
+            &pretrained::cache_dir(),
+            *download,
+        )?,
+        Weights::File(path) => path.clone(),
+    };
+    let (model, report) = weights::load(request.model.init::<B>(device)?, &path)?;
+    if !report.left_out.is_empty() {
+        return Err(PredictError::ClassCount {
+            path,
+            num_classes: request.model.num_classes,
+        });
+    }
+    Ok(model)
+}
+
+fn class_names(file: Option<&Path>, num_classes: usize) -> Result<Vec<String>, PredictError> {
+    let Some(path) = file else {
+        return Ok(if num_classes == 1000 {
+            pretrained::imagenet_classes()
+                .into_iter()
+                .map(String::from)
+                .collect()
+        } else {
+            (0..num_classes).map(|i| format!("class {i}")).collect()
+        });
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| PredictError::ClassFile {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    let names: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    if names.len() != num_classes {
+        return Err(PredictError::ClassNames {
+            path: path.to_path_buf(),
+            found: names.len(),
+            num_classes,
+        });
+    }
+    Ok(names)
+}
+
+/// Indices and values of the `k` largest entries, largest first.
+fn top_k(row: &[f32], k: usize) -> Vec<(usize, f32)> {
+    let mut ranked: Vec<(usize, f32)> = row.iter().copied().enumerate().collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+    ranked.truncate(k);
+    ranked
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_ranks_largest_first() {
+        assert_eq!(top_k(&[0.1, 0.5, 0.2, 0.2], 2), vec![(1, 0.5), (2, 0.2)]);
+        assert_eq!(top_k(&[0.3], 5).len(), 1);
+    }
+
+    #[test]
+    fn class_names_default_to_imagenet_or_indices() {
+        assert_eq!(class_names(None, 1000).unwrap()[1], "goldfish");
+        assert_eq!(
+            class_names(None, 3).unwrap(),
+            vec!["class 0", "class 1", "class 2"]
+        );
+    }
+}

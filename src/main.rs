@@ -1,0 +1,97 @@
+//! The `kiln` command line: parse, pick the backend, call one library function.
+
+mod devices;
+mod predict;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use kiln_backend::{BackendChoice, DeviceSelection};
+
+#[derive(Parser)]
+#[command(
+    name = "kiln",
+    version,
+    about = "Train ResNet image classifiers on CUDA, wgpu or the CPU"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List the compiled backends, the devices each one sees, and what `auto` would choose.
+    #[command(
+        after_help = "Examples:\n  kiln devices\n  kiln devices --backend cuda --devices all"
+    )]
+    Devices(DeviceArgs),
+
+    /// Classify image files with a ResNet and print each one's top classes.
+    #[command(
+        after_help = "Examples:\n  kiln predict cat.jpg dog.png --model resnet50 --pretrained torchvision\n  kiln predict img.png --model resnet18 --pretrained runs/x/model.safetensors --num-classes 10 --classes names.txt"
+    )]
+    Predict(predict::PredictArgs),
+}
+
+/// Where to run: shared by every command that touches a device.
+#[derive(Args, Clone)]
+pub struct DeviceArgs {
+    /// auto, cuda, wgpu, vulkan, metal, flex or ndarray. `auto` takes CUDA if present, else a
+    /// hardware GPU through wgpu, else the CPU (flex).
+    #[arg(long, default_value = "auto", value_parser = parse::<BackendChoice>)]
+    pub backend: BackendChoice,
+
+    /// One device index (0), a list (0,1,3) or `all`, numbered as `kiln devices` lists them.
+    #[arg(long, default_value = "0", value_parser = parse::<DeviceSelection>)]
+    pub devices: DeviceSelection,
+}
+
+fn parse<T: std::str::FromStr<Err = kiln_backend::BackendError>>(s: &str) -> Result<T, String> {
+    s.parse()
+        .map_err(|e: kiln_backend::BackendError| e.to_string())
+}
+
+fn main() -> ExitCode {
+    install_panic_hook();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Devices(args) => devices::run(args.backend, &args.devices),
+        Command::Predict(args) => predict::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {}", one_line(&error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error and its causes on one line, outermost first.
+fn one_line(error: &anyhow::Error) -> String {
+    error
+        .chain()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+/// A panic is a kiln bug; show one line instead of a backtrace dump.
+fn install_panic_hook() {
+    if std::env::var_os("RUST_BACKTRACE").is_some() {
+        return;
+    }
+    std::panic::set_hook(Box::new(|info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown cause".to_string());
+        let first_line = message.lines().next().unwrap_or_default();
+        eprintln!(
+            "error: kiln stopped unexpectedly ({first_line}); this is a bug, please report it (RUST_BACKTRACE=1 shows where)"
+        );
+    }));
+}

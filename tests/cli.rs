@@ -1,0 +1,143 @@
+//! The `kiln` binary as a user runs it: exit codes and the one line an error gets.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("the kiln binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// kiln's own error lines, without what graphics drivers print on their own.
+fn errors(output: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .filter(|l| !l.contains("XDG_RUNTIME_DIR"))
+        .map(String::from)
+        .collect()
+}
+
+fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn devices_lists_the_cpu_backend_and_the_choice_of_auto() {
+    let output = kiln(&["devices"]);
+    assert!(output.status.success(), "{:?}", errors(&output));
+    let text = stdout(&output);
+    assert!(text.contains("flex:0  CPU"), "{text}");
+    assert!(text.contains("--backend auto --devices 0 uses:"), "{text}");
+    // `auto` never picks a software adapter.
+    let chosen = text.lines().last().unwrap();
+    assert!(!chosen.contains("llvmpipe"), "{chosen}");
+}
+
+#[test]
+fn a_backend_that_is_not_there_is_one_line_and_a_failure() {
+    let cases: &[&[&str]] = &[
+        &["devices", "--backend", "cuda"],
+        &["devices", "--backend", "metal"],
+        &["devices", "--backend", "flex", "--devices", "3"],
+    ];
+    for args in cases {
+        let output = kiln(args);
+        assert!(!output.status.success(), "{args:?}");
+        let lines = errors(&output);
+        assert_eq!(lines.len(), 1, "{args:?}: {lines:?}");
+        assert!(lines[0].starts_with("error: "), "{lines:?}");
+        assert!(!lines[0].contains("panicked"), "{lines:?}");
+    }
+    let cuda = errors(&kiln(&["devices", "--backend", "cuda"])).remove(0);
+    if cfg!(feature = "cuda") {
+        assert!(cuda.contains("cuda"), "{cuda}");
+    } else {
+        assert!(cuda.contains("--features cuda"), "{cuda}");
+    }
+}
+
+#[test]
+fn predict_prints_the_top_classes_of_each_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("stripes.png");
+    image::RgbImage::from_fn(80, 60, |x, y| {
+        image::Rgb([(x * 3) as u8, (y * 4) as u8, 128])
+    })
+    .save(&image)
+    .unwrap();
+    let names = dir.path().join("names.txt");
+    let classes: Vec<String> = (0..10).map(|i| format!("digit {i}")).collect();
+    std::fs::write(&names, classes.join("\n")).unwrap();
+    let image = image.to_string_lossy().into_owned();
+    let names = names.to_string_lossy().into_owned();
+    let weights = fixture("resnet18_w4.pth");
+    let common = [
+        "--model",
+        "resnet18",
+        "--width",
+        "4",
+        "--num-classes",
+        "10",
+        "--resize",
+        "36",
+        "--crop",
+        "32",
+        "--backend",
+        "flex",
+    ];
+
+    let mut args = vec![
+        "predict",
+        image.as_str(),
+        "--pretrained",
+        weights.as_str(),
+        "--classes",
+        names.as_str(),
+    ];
+    args.extend(common);
+    let output = kiln(&args);
+    assert!(output.status.success(), "{:?}", errors(&output));
+    let text = stdout(&output);
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(rows.len(), 5, "{text}");
+    let probabilities: Vec<f32> = rows
+        .iter()
+        .map(|r| r.trim().split('%').next().unwrap().trim().parse().unwrap())
+        .collect();
+    assert!(probabilities.windows(2).all(|w| w[0] >= w[1]), "{text}");
+    assert!(probabilities.iter().sum::<f32>() <= 100.01, "{text}");
+    assert!(rows.iter().all(|r| r.contains("digit ")), "{text}");
+
+    // A corrupt image, and weights for another class count, each get one line naming the cause.
+    let broken = dir.path().join("broken.jpg");
+    std::fs::write(&broken, b"not an image").unwrap();
+    let broken = broken.to_string_lossy().into_owned();
+    let mut args = vec!["predict", broken.as_str(), "--pretrained", weights.as_str()];
+    args.extend(common);
+    let lines = errors(&kiln(&args));
+    assert!(
+        lines.len() == 1 && lines[0].contains("broken.jpg"),
+        "{lines:?}"
+    );
+
+    let mut args = vec!["predict", image.as_str(), "--pretrained", weights.as_str()];
+    args.extend(common);
+    let pos = args.iter().position(|a| *a == "10").unwrap();
+    args[pos] = "7";
+    let lines = errors(&kiln(&args));
+    assert!(
+        lines.len() == 1 && lines[0].contains("--num-classes"),
+        "{lines:?}"
+    );
+}

@@ -83,20 +83,45 @@ fn relative_error(actual: &TensorData, expected: &TensorData) -> Result<f64, Str
     Ok(worst / scale)
 }
 
-/// `Err` with a line when `actual` is further than `tolerance` from `expected`.
-fn compare(
-    what: &str,
-    actual: &TensorData,
-    expected: &TensorData,
-    tolerance: f64,
-) -> Result<(), String> {
-    let error = relative_error(actual, expected).map_err(|e| format!("{what}: {e}"))?;
-    if error > tolerance {
-        return Err(format!(
-            "{what}: relative error {error:.3e} (allowed {tolerance:.1e})"
-        ));
+/// The worst error seen in each stage, and a line for each check that failed.
+#[derive(Default)]
+struct Report {
+    worst: BTreeMap<&'static str, f64>,
+    failures: Vec<String>,
+}
+
+impl Report {
+    /// Checks that `actual` is within `tolerance` of `expected`.
+    fn compare(
+        &mut self,
+        stage: &'static str,
+        name: &str,
+        actual: &TensorData,
+        expected: &TensorData,
+        tolerance: f64,
+    ) {
+        match relative_error(actual, expected) {
+            Ok(error) => {
+                let worst = self.worst.entry(stage).or_default();
+                *worst = worst.max(error);
+                if error > tolerance {
+                    self.failures.push(format!(
+                        "{stage} {name}: relative error {error:.3e} (allowed {tolerance:.1e})"
+                    ));
+                }
+            }
+            Err(e) => self.failures.push(format!("{stage} {name}: {e}")),
+        }
     }
-    Ok(())
+
+    fn summary(&self) -> String {
+        let stages: Vec<String> = self
+            .worst
+            .iter()
+            .map(|(stage, error)| format!("{stage} {error:.1e}"))
+            .collect();
+        stages.join(", ")
+    }
 }
 
 struct Parity {
@@ -105,13 +130,12 @@ struct Parity {
 }
 
 impl BackendTask for Parity {
-    type Output = Vec<String>;
+    type Output = Report;
 
-    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Vec<String> {
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Report {
         let device = &devices[0];
         let reference = expected(self.fixture);
-        let mut failures = Vec::new();
-        let mut check = |result: Result<(), String>| failures.extend(result.err());
+        let mut report = Report::default();
 
         let model = ResNetConfig::new(self.depth)
             .with_num_classes(10)
@@ -122,69 +146,64 @@ impl BackendTask for Parity {
         let input = Tensor::<B, 4>::from_data(reference["input"].clone(), device);
         let target = Tensor::<B, 1, Int>::from_data(reference["target"].clone(), device);
 
-        let eval_logits = model.valid().forward(input.clone().inner());
-        check(compare(
+        let eval_logits = model.valid().forward(input.clone().inner()).into_data();
+        report.compare(
             "eval logits",
-            &eval_logits.into_data(),
+            "",
+            &eval_logits,
             &reference["eval_logits"],
             LOGITS_TOLERANCE,
-        ));
+        );
 
         let logits = model.forward(input);
         let loss = CrossEntropyLossConfig::new()
             .init(device)
             .forward(logits.clone(), target);
-        check(compare(
+        let train_logits = logits.into_data();
+        report.compare(
             "train logits",
-            &logits.into_data(),
+            "",
+            &train_logits,
             &reference["train_logits"],
             LOGITS_TOLERANCE,
-        ));
-        check(compare(
+        );
+        report.compare(
             "loss",
+            "",
             &loss.clone().into_data(),
             &reference["loss"],
             LOGITS_TOLERANCE,
-        ));
+        );
 
         let gradients = weights::torch_gradients(&model, &loss.backward());
-        let expected_grads: Vec<&String> = reference
-            .keys()
-            .filter(|k| k.starts_with("grad."))
-            .collect();
-        check(if gradients.len() == expected_grads.len() {
-            Ok(())
-        } else {
-            Err(format!(
-                "{} gradients, PyTorch has {}",
-                gradients.len(),
-                expected_grads.len()
-            ))
-        });
+        let expected_count = reference.keys().filter(|k| k.starts_with("grad.")).count();
+        if gradients.len() != expected_count {
+            report.failures.push(format!(
+                "{} gradients, PyTorch has {expected_count}",
+                gradients.len()
+            ));
+        }
         for (name, grad) in &gradients {
             let (Some(exact), Some(pytorch32)) = (
                 reference.get(&format!("grad.{name}")),
                 reference.get(&format!("grad32.{name}")),
             ) else {
-                check(Err(format!("PyTorch has no gradient for {name}")));
+                report
+                    .failures
+                    .push(format!("PyTorch has no gradient for {name}"));
                 continue;
             };
             let pytorch_error = relative_error(pytorch32, exact).unwrap();
             let tolerance = GRADIENT_TOLERANCE.max(FLOAT32_ERROR_FACTOR * pytorch_error);
-            check(compare(&format!("grad {name}"), grad, exact, tolerance));
+            report.compare("gradients", name, grad, exact, tolerance);
         }
 
         for (name, buffer) in weights::torch_state_dict(&model) {
             if let Some(e) = reference.get(&format!("after.{name}")) {
-                check(compare(
-                    &format!("after step {name}"),
-                    &buffer,
-                    e,
-                    BUFFER_TOLERANCE,
-                ));
+                report.compare("batch-norm buffers", &name, &buffer, e, BUFFER_TOLERANCE);
             }
         }
-        failures
+        report
     }
 }
 
@@ -209,13 +228,19 @@ fn check_everywhere(fixture: &'static str, depth: usize) {
                 continue;
             }
         };
-        let result = run_on(&resolved, Parity { fixture, depth }).unwrap();
+        let report = run_on(&resolved, Parity { fixture, depth }).unwrap();
         eprintln!(
-            "{fixture}: {backend} ({}) checked",
-            resolved.devices[0].name
+            "{fixture} on {backend} ({}), worst relative errors: {}",
+            resolved.devices[0].name,
+            report.summary()
         );
         tested += 1;
-        failures.extend(result.into_iter().map(|f| format!("{backend}: {f}")));
+        failures.extend(
+            report
+                .failures
+                .into_iter()
+                .map(|f| format!("{backend}: {f}")),
+        );
     }
     assert!(tested > 0, "no backend could run the parity test");
     assert!(

@@ -68,7 +68,8 @@ pub struct Prediction {
     pub top: Vec<(String, f32)>,
 }
 
-/// Scores every image in one batch and returns each one's `top` classes with probabilities.
+/// Scores the images, a batch at a time, and returns each one's `top` classes with
+/// probabilities.
 pub fn predict<B: Backend>(
     request: &PredictRequest,
     device: &B::Device,
@@ -77,33 +78,46 @@ pub fn predict<B: Backend>(
     let names = class_names(request.class_names.as_deref(), num_classes)?;
     let model = load_model::<B>(request, device)?;
 
-    let side = request.transform.crop as usize;
-    let mut pixels = Vec::with_capacity(request.images.len() * 3 * side * side);
-    for path in &request.images {
-        let image = load_rgb(path, ImageLimits::default())?;
-        pixels.extend(request.transform.apply(&image));
-    }
-    let batch = Tensor::<B, 4>::from_data(
-        TensorData::new(pixels, [request.images.len(), 3, side, side]),
-        device,
-    );
-    let probabilities = softmax(model.forward(batch), 1)
-        .into_data()
-        .to_vec::<f32>()
-        .expect("softmax of f32 logits is f32");
-
-    Ok(request
-        .images
-        .iter()
-        .zip(probabilities.chunks(num_classes))
-        .map(|(image, row)| Prediction {
-            image: image.clone(),
-            top: top_k(row, request.top)
+    let mut predictions = Vec::with_capacity(request.images.len());
+    for chunk in request.images.chunks(BATCH) {
+        let probabilities = score::<B>(&model, chunk, &request.transform, device)?;
+        for (image, row) in chunk.iter().zip(probabilities.chunks(num_classes)) {
+            let top = top_k(row, request.top)
                 .into_iter()
                 .map(|(i, p)| (names[i].clone(), p))
-                .collect(),
-        })
-        .collect())
+                .collect();
+            predictions.push(Prediction {
+                image: image.clone(),
+                top,
+            });
+        }
+    }
+    Ok(predictions)
+}
+
+/// Images scored at once: enough to keep a GPU busy, few enough to bound memory.
+const BATCH: usize = 32;
+
+/// Class probabilities of a batch of image files, row after row.
+fn score<B: Backend>(
+    model: &kiln_models::ResNet<B>,
+    paths: &[PathBuf],
+    transform: &EvalTransform,
+    device: &B::Device,
+) -> Result<Vec<f32>, PredictError> {
+    let side = transform.crop as usize;
+    let mut pixels = Vec::with_capacity(paths.len() * 3 * side * side);
+    for path in paths {
+        pixels.extend(transform.apply(&load_rgb(path, ImageLimits::default())?));
+    }
+    let batch = Tensor::<B, 4>::from_data(
+        TensorData::new(pixels, [paths.len(), 3, side, side]),
+        device,
+    );
+    Ok(softmax(model.forward(batch), 1)
+        .into_data()
+        .to_vec::<f32>()
+        .expect("softmax of f32 logits is f32"))
 }
 
 fn load_model<B: Backend>(

@@ -7,6 +7,7 @@
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
@@ -63,7 +64,10 @@ pub fn fetch(url: &str, dest: &Path, sha256_prefix: &str) -> Result<(), Download
     let dir = dest.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io_error(dir))?;
 
-    let mut response = ureq::get(url).call().map_err(|e| network(e.to_string()))?;
+    let mut response = agent()
+        .get(url)
+        .call()
+        .map_err(|e| network(e.to_string()))?;
     let length = response.body().content_length();
     let mut body = response.body_mut().as_reader();
 
@@ -92,6 +96,18 @@ pub fn fetch(url: &str, dest: &Path, sha256_prefix: &str) -> Result<(), Download
         let _ = std::fs::remove_file(&partial);
     }
     result
+}
+
+/// An HTTP client that gives up on a silent network instead of hanging: 30 s to connect, 60 s
+/// for the server to answer, 60 s without a byte mid-transfer. A flowing body may take as long
+/// as it needs.
+fn agent() -> ureq::Agent {
+    let config = ureq::Agent::config_builder()
+        .timeout_connect(Some(Duration::from_secs(30)))
+        .timeout_recv_response(Some(Duration::from_secs(60)))
+        .timeout_per_read(Some(Duration::from_secs(60)))
+        .build();
+    ureq::Agent::new_with_config(config)
 }
 
 /// A temporary name beside `dest`, unique to this process.

@@ -73,7 +73,7 @@ pub fn load<B: Backend>(
     let mut wrong_shape = Vec::new();
     for (name, shape) in &expected {
         match file.get(name) {
-            Some(data) if torch_shape_matches(&data.shape, shape) => {}
+            Some(data) if data.shape.as_slice() == shape.as_slice() => {}
             Some(data) if is_classifier_resize(name, &data.shape, shape) => {
                 report.left_out.push(name.clone())
             }
@@ -266,10 +266,6 @@ fn torch_shapes<B: Backend>(model: &ResNet<B>) -> BTreeMap<String, Vec<usize>> {
             (name, shape)
         })
         .collect()
-}
-
-fn torch_shape_matches(file: &[usize], model: &[usize]) -> bool {
-    file == model
 }
 
 /// The classifier of another class count: same input features, other outputs.

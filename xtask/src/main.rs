@@ -3,6 +3,9 @@
 //! - `lint`: rustfmt check and clippy with warnings as errors, as CI expects them.
 //! - `fixtures`: regenerate the PyTorch parity fixtures in `tests/fixtures/` (needs a `.venv`
 //!   with torch, torchvision and safetensors).
+//! - `bench data`: the data pipeline's images/s per core against torchvision's.
+
+mod bench_data;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,12 +13,18 @@ use std::process::Command;
 use anyhow::{Context, bail};
 
 fn main() -> anyhow::Result<()> {
-    let chore = std::env::args().nth(1).unwrap_or_default();
+    let args: Vec<String> = std::env::args().skip(1).collect();
     let root = project_root();
-    match chore.as_str() {
-        "lint" => lint(&root),
-        "fixtures" => fixtures(&root),
-        _ => bail!("usage: cargo xtask <lint | fixtures>"),
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["lint"] => lint(&root),
+        ["fixtures"] => fixtures(&root),
+        ["bench", "data", ..] => bench_data::run(&root, &args[2..]),
+        _ => bail!("usage: cargo xtask <lint | fixtures | bench data [--count N] [--passes N]>"),
     }
 }
 
@@ -43,6 +52,16 @@ fn lint(root: &Path) -> anyhow::Result<()> {
             "warnings",
         ],
     )
+}
+
+/// The project's `.venv` Python if there is one, else `python3` from the PATH.
+fn python(root: &Path) -> PathBuf {
+    let venv = root.join(".venv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    }
 }
 
 fn fixtures(root: &Path) -> anyhow::Result<()> {

@@ -1,19 +1,9 @@
-use std::path::{Path, PathBuf};
+use std::io::Cursor;
+use std::path::Path;
 
 use image::RgbImage;
 
-#[derive(Debug, thiserror::Error)]
-pub enum DataError {
-    #[error("cannot read image {}: {reason}", path.display())]
-    Unreadable { path: PathBuf, reason: String },
-    #[error("image {} is {width}x{height}, over the limit of {max} pixels a side; raise the limit if it is genuine", path.display())]
-    TooLarge {
-        path: PathBuf,
-        width: u32,
-        height: u32,
-        max: u32,
-    },
-}
+use crate::DataError;
 
 /// How large an image may be before it is refused unread, so that a decompression bomb (a small
 /// file that expands to gigabytes) is caught from its header.
@@ -40,11 +30,13 @@ pub fn load_rgb(path: &Path, limits: ImageLimits) -> Result<RgbImage, DataError>
         path: path.to_path_buf(),
         reason,
     };
-    let reader = image::ImageReader::open(path)
-        .map_err(|e| unreadable(e.to_string()))?
-        .with_guessed_format()
-        .map_err(|e| unreadable(e.to_string()))?;
-    let (width, height) = reader
+    let bytes = std::fs::read(path).map_err(|e| unreadable(e.to_string()))?;
+    let reader = || {
+        image::ImageReader::new(Cursor::new(&bytes))
+            .with_guessed_format()
+            .map_err(|e| unreadable(e.to_string()))
+    };
+    let (width, height) = reader()?
         .into_dimensions()
         .map_err(|e| unreadable(e.to_string()))?;
     if width > limits.max_side || height > limits.max_side {
@@ -55,16 +47,14 @@ pub fn load_rgb(path: &Path, limits: ImageLimits) -> Result<RgbImage, DataError>
             max: limits.max_side,
         });
     }
-    let mut reader = image::ImageReader::open(path)
-        .and_then(|r| r.with_guessed_format())
-        .map_err(|e| unreadable(e.to_string()))?;
     let mut decode_limits = image::Limits::default();
     decode_limits.max_image_width = Some(limits.max_side);
     decode_limits.max_image_height = Some(limits.max_side);
     decode_limits.max_alloc = Some(limits.max_bytes);
+    let mut reader = reader()?;
     reader.limits(decode_limits);
     let image = reader.decode().map_err(|e| unreadable(e.to_string()))?;
-    Ok(image.to_rgb8())
+    Ok(image.into_rgb8())
 }
 
 #[cfg(test)]

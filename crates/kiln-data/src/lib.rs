@@ -1,11 +1,29 @@
-//! Images in, normalized tensors out. kiln-data knows no model and no optimizer.
+//! Images in, host batches out. kiln-data knows no model, no optimizer and no burn: it reads
+//! data sets (CIFAR, ImageFolder, the shipped digits, synthetic), applies torchvision's
+//! transforms, and a loader turns them into batches of normalized floats on worker threads.
 //!
-//! So far: decoding any common image file to RGB, safely, and torchvision's evaluation
-//! transforms (Resize, CenterCrop, ToTensor, Normalize). Data sets and the loader come with the
-//! data pipeline issue.
+//! Data flows: [`Source`] (from the config) opens into [`Dataset`]s, a [`Pipeline`] of
+//! [`Transform`]s augments each image, and a [`Loader`] batches them into [`HostBatch`]es.
 
+mod archive;
+pub mod cifar;
+mod dataset;
+pub mod digits;
+mod error;
+mod image_folder;
 mod image_io;
+mod loader;
+mod seed;
+mod source;
+mod synthetic;
 pub mod transforms;
 
-pub use image_io::{DataError, ImageLimits, load_rgb};
-pub use transforms::EvalTransform;
+pub use archive::extract_tar_gz;
+pub use dataset::{Dataset, InMemory, SharedDataset, Subset, split};
+pub use error::DataError;
+pub use image_folder::{IMAGE_EXTENSIONS, ImageFolder};
+pub use image_io::{ImageLimits, load_rgb};
+pub use loader::{Batches, HostBatch, Loader, LoaderConfig, OnBadImage};
+pub use source::{Source, Splits};
+pub use synthetic::Synthetic;
+pub use transforms::{EvalTransform, Pipeline, Transform};

@@ -1,11 +1,221 @@
-//! torchvision's transforms on host images, matching their arithmetic.
+//! torchvision's transforms on host images (8-bit RGB), matching their arithmetic on PIL images:
+//! the functions here are the deterministic operations, [`Transform`] is one configured step and
+//! [`Pipeline`] a validated list of them, as a config file writes it.
+//!
+//! Random transforms draw from the `rng` they are given; the loader seeds one per (epoch,
+//! image), so augmentation does not depend on which worker thread ran it.
 
-use image::RgbImage;
-use image::imageops::{self, FilterType};
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use image::{Rgb, RgbImage};
+use rand::Rng;
+use rand::seq::SliceRandom;
+use serde::{Deserialize, Serialize};
+
+use crate::DataError;
 
 /// ImageNet's per-channel mean and standard deviation, as torchvision's weights expect.
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
 pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// One step of a pipeline, written in a config as `{ op = "resize", size = 256 }`. Names and
+/// defaults are torchvision's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Transform {
+    /// `Resize(size)`: the shorter side becomes `size`, antialiased bilinear.
+    Resize { size: u32 },
+    /// `CenterCrop(size)`, padding with black when the image is smaller.
+    CenterCrop { size: u32 },
+    /// `RandomResizedCrop(size, scale, ratio)`.
+    RandomResizedCrop {
+        size: u32,
+        #[serde(default = "default_scale")]
+        scale: [f64; 2],
+        #[serde(default = "default_ratio")]
+        ratio: [f64; 2],
+    },
+    /// `RandomCrop(size, padding)`, black padding; an image still smaller than `size` after the
+    /// padding is padded up to it (torchvision's `pad_if_needed`).
+    RandomCrop {
+        size: u32,
+        #[serde(default)]
+        padding: u32,
+    },
+    /// `RandomHorizontalFlip(p)`.
+    RandomHorizontalFlip {
+        #[serde(default = "default_flip_p")]
+        p: f64,
+    },
+    /// `ColorJitter(brightness, contrast, saturation, hue)`: each factor is drawn from
+    /// `[max(0, 1 - x), 1 + x]` (hue from `[-hue, hue]`), applied in a random order; 0 leaves
+    /// that adjustment out.
+    ColorJitter {
+        #[serde(default)]
+        brightness: f64,
+        #[serde(default)]
+        contrast: f64,
+        #[serde(default)]
+        saturation: f64,
+        #[serde(default)]
+        hue: f64,
+    },
+    /// `ToTensor()`: CHW floats in [0, 1]. Implied at the end of every pipeline.
+    ToTensor,
+    /// `Normalize(mean, std)`, after `ToTensor`.
+    Normalize { mean: [f32; 3], std: [f32; 3] },
+}
+
+fn default_scale() -> [f64; 2] {
+    [0.08, 1.0]
+}
+
+fn default_ratio() -> [f64; 2] {
+    [3.0 / 4.0, 4.0 / 3.0]
+}
+
+fn default_flip_p() -> f64 {
+    0.5
+}
+
+impl Transform {
+    fn check(&self) -> Result<(), String> {
+        let positive = |name: &str, size: u32| match size {
+            0 => Err(format!("{name}: size must be at least 1")),
+            _ => Ok(()),
+        };
+        match *self {
+            Transform::Resize { size } => positive("resize", size),
+            Transform::CenterCrop { size } => positive("center_crop", size),
+            Transform::RandomCrop { size, .. } => positive("random_crop", size),
+            Transform::RandomResizedCrop { size, scale, ratio } => {
+                positive("random_resized_crop", size)?;
+                if !(scale[0] > 0.0 && scale[0] <= scale[1]) {
+                    return Err(format!(
+                        "random_resized_crop: scale must satisfy 0 < min <= max, got {scale:?}"
+                    ));
+                }
+                if !(ratio[0] > 0.0 && ratio[0] <= ratio[1]) {
+                    return Err(format!(
+                        "random_resized_crop: ratio must satisfy 0 < min <= max, got {ratio:?}"
+                    ));
+                }
+                Ok(())
+            }
+            Transform::RandomHorizontalFlip { p } if !(0.0..=1.0).contains(&p) => Err(format!(
+                "random_horizontal_flip: p must lie in [0, 1], got {p}"
+            )),
+            Transform::ColorJitter {
+                brightness,
+                contrast,
+                saturation,
+                hue,
+            } => {
+                for (name, value) in [
+                    ("brightness", brightness),
+                    ("contrast", contrast),
+                    ("saturation", saturation),
+                ] {
+                    if !(value >= 0.0 && value.is_finite()) {
+                        return Err(format!(
+                            "color_jitter: {name} must be 0 or more, got {value}"
+                        ));
+                    }
+                }
+                if !(0.0..=0.5).contains(&hue) {
+                    return Err(format!("color_jitter: hue must lie in [0, 0.5], got {hue}"));
+                }
+                Ok(())
+            }
+            Transform::Normalize { std, .. } if std.contains(&0.0) => {
+                Err(format!("normalize: std must not be 0, got {std:?}"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Applies an image-to-image step (everything but `ToTensor` and `Normalize`).
+    fn apply(&self, image: RgbImage, rng: &mut impl Rng) -> RgbImage {
+        match *self {
+            Transform::Resize { size } => resize_shorter_side(&image, size),
+            Transform::CenterCrop { size } => center_crop(&image, size),
+            Transform::RandomResizedCrop { size, scale, ratio } => {
+                let (top, left, height, width) = random_resized_crop_box(&image, scale, ratio, rng);
+                let cropped = crop(&image, left as i64, top as i64, width, height);
+                resize_exact(&cropped, size, size)
+            }
+            Transform::RandomCrop { size, padding } => random_crop(&image, size, padding, rng),
+            Transform::RandomHorizontalFlip { p } => {
+                if rng.random::<f64>() < p {
+                    image::imageops::flip_horizontal(&image)
+                } else {
+                    image
+                }
+            }
+            Transform::ColorJitter {
+                brightness,
+                contrast,
+                saturation,
+                hue,
+            } => color_jitter(image, [brightness, contrast, saturation, hue], rng),
+            Transform::ToTensor | Transform::Normalize { .. } => image,
+        }
+    }
+}
+
+/// A checked list of transforms: image steps first, then `ToTensor` (implied if absent), then at
+/// most one `Normalize`, as torchvision requires.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Pipeline {
+    image_steps: Vec<Transform>,
+    normalize: Option<([f32; 3], [f32; 3])>,
+}
+
+impl Pipeline {
+    pub fn new(transforms: &[Transform]) -> Result<Self, DataError> {
+        let mut pipeline = Pipeline::default();
+        let mut tensor = false;
+        for transform in transforms {
+            transform.check().map_err(DataError::Invalid)?;
+            match *transform {
+                Transform::ToTensor if tensor => {
+                    return Err(DataError::Invalid("to_tensor appears twice".into()));
+                }
+                Transform::ToTensor => tensor = true,
+                Transform::Normalize { .. } if !tensor => {
+                    return Err(DataError::Invalid(
+                        "normalize must follow to_tensor, as in torchvision".into(),
+                    ));
+                }
+                Transform::Normalize { .. } if pipeline.normalize.is_some() => {
+                    return Err(DataError::Invalid("normalize appears twice".into()));
+                }
+                Transform::Normalize { mean, std } => pipeline.normalize = Some((mean, std)),
+                _ if tensor => {
+                    return Err(DataError::Invalid(format!(
+                        "{transform:?} comes after to_tensor; image transforms must come before it"
+                    )));
+                }
+                _ => pipeline.image_steps.push(transform.clone()),
+            }
+        }
+        Ok(pipeline)
+    }
+
+    /// The image steps, in order.
+    pub fn transform(&self, mut image: RgbImage, rng: &mut impl Rng) -> RgbImage {
+        for step in &self.image_steps {
+            image = step.apply(image, rng);
+        }
+        image
+    }
+
+    /// `ToTensor` and `Normalize` into `out`, a `[3, height, width]` slice.
+    pub fn write_tensor(&self, image: &RgbImage, out: &mut [f32]) {
+        let (mean, std) = self.normalize.unwrap_or(([0.0; 3], [1.0; 3]));
+        write_normalized_chw(image, mean, std, out);
+    }
+}
 
 /// `Resize(resize)`, `CenterCrop(crop)`, `ToTensor()`, `Normalize(mean, std)`: the evaluation
 /// pipeline of torchvision's ImageNet models.
@@ -37,8 +247,7 @@ impl EvalTransform {
 }
 
 /// torchvision's `Resize(size)` with an int: the shorter side becomes `size`, the longer one
-/// `int(size * long / short)`, with antialiased bilinear filtering as PIL does it (the triangle
-/// filter widened by the downscale factor).
+/// `int(size * long / short)`.
 pub fn resize_shorter_side(image: &RgbImage, size: u32) -> RgbImage {
     let (w, h) = image.dimensions();
     let (new_w, new_h) = if w <= h {
@@ -46,44 +255,280 @@ pub fn resize_shorter_side(image: &RgbImage, size: u32) -> RgbImage {
     } else {
         ((size as u64 * w as u64 / h as u64) as u32, size)
     };
-    if (new_w, new_h) == (w, h) {
-        return image.clone();
-    }
-    imageops::resize(image, new_w, new_h, FilterType::Triangle)
+    resize_exact(image, new_w.max(1), new_h.max(1))
 }
 
-/// torchvision's `CenterCrop(size)`: the offset is `round((side - size) / 2)`. An image smaller
-/// than `size` is padded with black, as torchvision does.
-pub fn center_crop(image: &RgbImage, size: u32) -> RgbImage {
+/// Antialiased bilinear resampling as PIL does it (the triangle filter widened by the downscale
+/// factor), through fast_image_resize, which implements Pillow's convolution with SIMD.
+pub fn resize_exact(image: &RgbImage, width: u32, height: u32) -> RgbImage {
+    if image.dimensions() == (width, height) {
+        return image.clone();
+    }
     let (w, h) = image.dimensions();
-    let offset = |side: u32| ((side as f64 - size as f64) / 2.0).round() as i64;
-    let (left, top) = (offset(w), offset(h));
-    RgbImage::from_fn(size, size, |x, y| {
-        let (sx, sy) = (x as i64 + left, y as i64 + top);
-        if (0..w as i64).contains(&sx) && (0..h as i64).contains(&sy) {
-            *image.get_pixel(sx as u32, sy as u32)
-        } else {
-            image::Rgb([0, 0, 0])
+    let source = ImageRef::new(w, h, image.as_raw(), PixelType::U8x3)
+        .expect("an RgbImage buffer holds width * height * 3 bytes");
+    let mut target = Image::new(width, height, PixelType::U8x3);
+    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+    Resizer::new()
+        .resize(&source, &mut target, &options)
+        .expect("source and target are both U8x3");
+    RgbImage::from_raw(width, height, target.into_vec())
+        .expect("the target buffer holds width * height * 3 bytes")
+}
+
+/// The `width` x `height` window at (`left`, `top`); pixels outside the image are black, as
+/// torchvision's padding fills them.
+pub fn crop(image: &RgbImage, left: i64, top: i64, width: u32, height: u32) -> RgbImage {
+    let (w, h) = (image.width() as i64, image.height() as i64);
+    let mut out = RgbImage::new(width, height);
+    let (x0, x1) = (left.max(0), (left + width as i64).min(w));
+    if x0 >= x1 {
+        return out;
+    }
+    let row_bytes = (x1 - x0) as usize * 3;
+    let source = image.as_raw();
+    let target_stride = width as usize * 3;
+    let target = out.as_mut();
+    for y in 0..height as i64 {
+        let sy = top + y;
+        if !(0..h).contains(&sy) {
+            continue;
         }
-    })
+        let from = (sy * w + x0) as usize * 3;
+        let to = y as usize * target_stride + (x0 - left) as usize * 3;
+        target[to..to + row_bytes].copy_from_slice(&source[from..from + row_bytes]);
+    }
+    out
+}
+
+/// torchvision's `CenterCrop(size)`: an image smaller than `size` is first padded with black,
+/// `(size - side) // 2` before; the offset is then `round((side - size) / 2)`, with Python's
+/// rounding (half to even).
+pub fn center_crop(image: &RgbImage, size: u32) -> RgbImage {
+    let offset = |side: u32| -> i64 {
+        if side < size {
+            -(((size - side) / 2) as i64)
+        } else {
+            ((side - size) as f64 / 2.0).round_ties_even() as i64
+        }
+    };
+    let (w, h) = image.dimensions();
+    crop(image, offset(w), offset(h), size, size)
+}
+
+/// `RandomCrop(size, padding)`: pad every side by `padding`, then (after padding a too-small
+/// image up to `size`) cut a `size` square at a uniformly drawn offset.
+pub fn random_crop(image: &RgbImage, size: u32, padding: u32, rng: &mut impl Rng) -> RgbImage {
+    let pad = padding as i64;
+    let (w, h) = (
+        image.width() as i64 + 2 * pad,
+        image.height() as i64 + 2 * pad,
+    );
+    let offset = |side: i64, rng: &mut dyn rand::RngCore| -> i64 {
+        let size = size as i64;
+        if side < size {
+            -(size - side) / 2 - pad
+        } else {
+            rng.random_range(0..=side - size) - pad
+        }
+    };
+    // torchvision draws the row offset first, then the column.
+    let top = offset(h, rng);
+    let left = offset(w, rng);
+    crop(image, left, top, size, size)
+}
+
+/// `RandomResizedCrop.get_params`: up to ten tries at an area fraction from `scale` and a
+/// log-uniform aspect ratio from `ratio`, else the largest central crop within `ratio`.
+/// Returns (top, left, height, width).
+pub fn random_resized_crop_box(
+    image: &RgbImage,
+    scale: [f64; 2],
+    ratio: [f64; 2],
+    rng: &mut impl Rng,
+) -> (u32, u32, u32, u32) {
+    let (width, height) = (image.width() as f64, image.height() as f64);
+    let area = width * height;
+    let log_ratio = [ratio[0].ln(), ratio[1].ln()];
+    for _ in 0..10 {
+        let target_area = area * uniform(rng, scale[0], scale[1]);
+        let aspect = uniform(rng, log_ratio[0], log_ratio[1]).exp();
+        let w = (target_area * aspect).sqrt().round_ties_even();
+        let h = (target_area / aspect).sqrt().round_ties_even();
+        if 0.0 < w && w <= width && 0.0 < h && h <= height {
+            let top = rng.random_range(0..=(height - h) as u32);
+            let left = rng.random_range(0..=(width - w) as u32);
+            return (top, left, h as u32, w as u32);
+        }
+    }
+    let in_ratio = width / height;
+    let (w, h) = if in_ratio < ratio[0] {
+        (width, (width / ratio[0]).round_ties_even())
+    } else if in_ratio > ratio[1] {
+        ((height * ratio[1]).round_ties_even(), height)
+    } else {
+        (width, height)
+    };
+    let (w, h) = (w as u32, h as u32);
+    ((image.height() - h) / 2, (image.width() - w) / 2, h, w)
+}
+
+fn uniform(rng: &mut impl Rng, low: f64, high: f64) -> f64 {
+    low + (high - low) * rng.random::<f64>()
+}
+
+/// `ColorJitter`: draws the four factors and a random order, then applies PIL's enhancements.
+fn color_jitter(mut image: RgbImage, amounts: [f64; 4], rng: &mut impl Rng) -> RgbImage {
+    let mut order = [0usize, 1, 2, 3];
+    order.shuffle(rng);
+    let range = |x: f64| ((1.0 - x).max(0.0), 1.0 + x);
+    let [b, c, s, h] = amounts;
+    let factors = [
+        (b > 0.0).then(|| uniform(rng, range(b).0, range(b).1)),
+        (c > 0.0).then(|| uniform(rng, range(c).0, range(c).1)),
+        (s > 0.0).then(|| uniform(rng, range(s).0, range(s).1)),
+        (h > 0.0).then(|| uniform(rng, -h, h)),
+    ];
+    for step in order {
+        let Some(factor) = factors[step] else {
+            continue;
+        };
+        image = match step {
+            0 => adjust_brightness(&image, factor),
+            1 => adjust_contrast(&image, factor),
+            2 => adjust_saturation(&image, factor),
+            _ => adjust_hue(&image, factor),
+        };
+    }
+    image
+}
+
+/// PIL's `Image.blend(degenerate, image, factor)`: `degenerate + factor * (image - degenerate)`
+/// in single precision, clipped to [0, 255] and truncated.
+fn blend(degenerate: impl Fn(usize) -> u8, image: &RgbImage, factor: f64) -> RgbImage {
+    let alpha = factor as f32;
+    let mut out = image.clone();
+    for (i, value) in out.as_mut().iter_mut().enumerate() {
+        let from = degenerate(i) as f32;
+        let blended = from + alpha * (*value as f32 - from);
+        *value = blended.clamp(0.0, 255.0) as u8;
+    }
+    out
+}
+
+/// PIL's RGB to L conversion (ITU-R 601-2 luma in 16-bit fixed point, rounded).
+fn luma(pixel: &Rgb<u8>) -> u8 {
+    let [r, g, b] = pixel.0.map(u32::from);
+    ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16) as u8
+}
+
+/// `F.adjust_brightness`: a blend with black.
+pub fn adjust_brightness(image: &RgbImage, factor: f64) -> RgbImage {
+    blend(|_| 0, image, factor)
+}
+
+/// `F.adjust_contrast`: a blend with the mean gray level, rounded to an integer as PIL does.
+pub fn adjust_contrast(image: &RgbImage, factor: f64) -> RgbImage {
+    let pixels = (image.width() as u64 * image.height() as u64).max(1);
+    let sum: u64 = image.pixels().map(|p| luma(p) as u64).sum();
+    let mean = (sum as f64 / pixels as f64 + 0.5) as u8;
+    blend(|_| mean, image, factor)
+}
+
+/// `F.adjust_saturation`: a blend with the grayscale image.
+pub fn adjust_saturation(image: &RgbImage, factor: f64) -> RgbImage {
+    let gray: Vec<u8> = image.pixels().map(luma).collect();
+    blend(|i| gray[i / 3], image, factor)
+}
+
+/// `F.adjust_hue`: rotate the hue channel of PIL's 8-bit HSV by `factor * 255`, wrapping.
+pub fn adjust_hue(image: &RgbImage, factor: f64) -> RgbImage {
+    let shift = (factor * 255.0) as i32 as u8;
+    let mut out = image.clone();
+    for pixel in out.pixels_mut() {
+        let [h, s, v] = rgb_to_hsv(pixel.0);
+        pixel.0 = hsv_to_rgb([h.wrapping_add(shift), s, v]);
+    }
+    out
+}
+
+/// PIL's `convert("HSV")` for one pixel. PIL stores in `float` but computes with `double`
+/// literals; the casts below follow its C exactly, since a hue shift of 1 changes the result.
+fn rgb_to_hsv([r, g, b]: [u8; 3]) -> [u8; 3] {
+    let max = r.max(g).max(b);
+    let min = r.min(g).min(b);
+    if max == min {
+        return [0, 0, max];
+    }
+    let range = (max - min) as f32;
+    let s = range / max as f32;
+    let rc = (max - r) as f32 / range;
+    let gc = (max - g) as f32 / range;
+    let bc = (max - b) as f32 / range;
+    let h = if r == max {
+        bc - gc
+    } else if g == max {
+        (2.0 + rc as f64 - bc as f64) as f32
+    } else {
+        (4.0 + gc as f64 - rc as f64) as f32
+    };
+    let h = ((h as f64 / 6.0 + 1.0) % 1.0) as f32;
+    let clip = |x: f64| (x as i32).clamp(0, 255) as u8;
+    [clip(h as f64 * 255.0), clip(s as f64 * 255.0), max]
+}
+
+/// PIL's `convert("RGB")` from HSV for one pixel, with the same care for its casts.
+fn hsv_to_rgb([h, s, v]: [u8; 3]) -> [u8; 3] {
+    if s == 0 {
+        return [v, v, v];
+    }
+    let sector = h as f32 as f64 * 6.0 / 255.0;
+    let i = sector.floor() as i32;
+    let f = (sector - i as f32 as f64) as f32 as f64;
+    let fs = (s as f32 as f64 / 255.0) as f32 as f64;
+    let v64 = v as f32 as f64;
+    let clip = |x: f64| (x.round() as i32).clamp(0, 255) as u8;
+    let p = clip(v64 * (1.0 - fs));
+    let q = clip(v64 * (1.0 - fs * f));
+    let t = clip(v64 * (1.0 - fs * (1.0 - f)));
+    match i % 6 {
+        0 => [v, t, p],
+        1 => [q, v, p],
+        2 => [p, v, t],
+        3 => [p, q, v],
+        4 => [t, p, v],
+        _ => [v, p, q],
+    }
 }
 
 /// `ToTensor()` then `Normalize(mean, std)`: CHW floats, `(value / 255 - mean) / std`.
 pub fn to_normalized_chw(image: &RgbImage, mean: [f32; 3], std: [f32; 3]) -> Vec<f32> {
-    let (w, h) = image.dimensions();
-    let plane = (w * h) as usize;
-    let mut out = vec![0f32; 3 * plane];
-    for (i, pixel) in image.pixels().enumerate() {
-        for c in 0..3 {
-            out[c * plane + i] = (pixel.0[c] as f32 / 255.0 - mean[c]) / std[c];
-        }
-    }
+    let mut out = vec![0f32; 3 * image.width() as usize * image.height() as usize];
+    write_normalized_chw(image, mean, std, &mut out);
     out
+}
+
+fn write_normalized_chw(image: &RgbImage, mean: [f32; 3], std: [f32; 3], out: &mut [f32]) {
+    let plane = image.width() as usize * image.height() as usize;
+    assert_eq!(out.len(), 3 * plane, "output slice must hold [3, h, w]");
+    // 256 possible values per channel: look them up rather than divide per pixel. The table
+    // holds exactly what `(v / 255 - mean) / std` gives.
+    let table: [[f32; 256]; 3] =
+        std::array::from_fn(|c| std::array::from_fn(|v| (v as f32 / 255.0 - mean[c]) / std[c]));
+    let (red, rest) = out.split_at_mut(plane);
+    let (green, blue) = rest.split_at_mut(plane);
+    for (i, pixel) in image.as_raw().chunks_exact(3).enumerate() {
+        red[i] = table[0][pixel[0] as usize];
+        green[i] = table[1][pixel[1] as usize];
+        blue[i] = table[2][pixel[2] as usize];
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::SeedableRng;
+    use rand_pcg::Pcg64Mcg;
 
     fn gradient(w: u32, h: u32) -> RgbImage {
         RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 7]))
@@ -106,14 +551,22 @@ mod tests {
     }
 
     #[test]
-    fn center_crop_takes_the_middle() {
+    fn center_crop_takes_the_middle_and_pads_like_torchvision() {
         let cropped = center_crop(&gradient(10, 7), 4);
         // round((10 - 4) / 2) = 3, round((7 - 4) / 2) = round(1.5) = 2.
         assert_eq!(cropped.get_pixel(0, 0).0, [3, 2, 7]);
         assert_eq!(cropped.get_pixel(3, 3).0, [6, 5, 7]);
+        // Python rounds half to even: round((9 - 4) / 2) = round(2.5) = 2.
+        assert_eq!(center_crop(&gradient(9, 9), 4).get_pixel(0, 0).0, [2, 2, 7]);
         let padded = center_crop(&gradient(2, 2), 4);
         assert_eq!(padded.get_pixel(0, 0).0, [0, 0, 0]);
         assert_eq!(padded.get_pixel(1, 1).0, [0, 0, 7]);
+        // 3 wide into 6: torchvision pads 1 left and 2 right.
+        let odd = center_crop(&gradient(3, 6), 6);
+        assert_eq!(odd.get_pixel(0, 0).0, [0, 0, 0]);
+        assert_eq!(odd.get_pixel(1, 0).0, [0, 0, 7]);
+        assert_eq!(odd.get_pixel(3, 5).0, [2, 5, 7]);
+        assert_eq!(odd.get_pixel(4, 5).0, [0, 0, 0]);
     }
 
     #[test]
@@ -132,5 +585,100 @@ mod tests {
     fn the_eval_pipeline_gives_a_224_square() {
         let out = EvalTransform::imagenet().apply(&gradient(320, 240));
         assert_eq!(out.len(), 3 * 224 * 224);
+    }
+
+    #[test]
+    fn random_crop_with_padding_stays_within_the_padded_image() {
+        let image = gradient(8, 8);
+        let mut rng = Pcg64Mcg::seed_from_u64(1);
+        let mut offsets = std::collections::BTreeSet::new();
+        for _ in 0..400 {
+            let out = random_crop(&image, 8, 2, &mut rng);
+            // Find where the original pixel (0, 0) landed: the crop's offset in the padded image.
+            let found = (0..8u32)
+                .flat_map(|y| (0..8u32).map(move |x| (x, y)))
+                .find(|&(x, y)| out.get_pixel(x, y).0 == [0, 0, 7]);
+            if let Some(at) = found {
+                offsets.insert(at);
+            }
+        }
+        // Offsets 0..=4 in each direction put (0, 0) at 2 - offset when visible: 0, 1 or 2.
+        assert_eq!(offsets.len(), 9, "{offsets:?}");
+        assert!(offsets.iter().all(|&(x, y)| x <= 2 && y <= 2));
+    }
+
+    #[test]
+    fn random_resized_crop_boxes_respect_scale_and_ratio() {
+        let image = gradient(200, 100);
+        let mut rng = Pcg64Mcg::seed_from_u64(7);
+        for _ in 0..500 {
+            let (top, left, h, w) =
+                random_resized_crop_box(&image, [0.08, 1.0], [0.75, 4.0 / 3.0], &mut rng);
+            assert!(top + h <= 100 && left + w <= 200);
+            let area = (h * w) as f64 / 20_000.0;
+            assert!((0.07..=1.01).contains(&area), "area fraction {area}");
+        }
+        // A very wide image cannot fit the ratio: the fallback is the central 4:3 crop.
+        let wide = gradient(1000, 10);
+        let (top, left, h, w) =
+            random_resized_crop_box(&wide, [0.99, 1.0], [0.75, 4.0 / 3.0], &mut rng);
+        assert_eq!((top, h, w, left), (0, 10, 13, (1000 - 13) / 2));
+    }
+
+    #[test]
+    fn hsv_round_trip_is_close_and_gray_is_untouched() {
+        for rgb in [[200u8, 30, 30], [10, 250, 40], [0, 0, 255], [77, 77, 77]] {
+            let back = hsv_to_rgb(rgb_to_hsv(rgb));
+            for c in 0..3 {
+                assert!(
+                    (back[c] as i32 - rgb[c] as i32).abs() <= 3,
+                    "{rgb:?} -> {back:?}"
+                );
+            }
+        }
+        let gray = RgbImage::from_pixel(3, 3, Rgb([90, 90, 90]));
+        assert_eq!(adjust_hue(&gray, 0.3), gray);
+        assert_eq!(adjust_saturation(&gray, 1.7), gray);
+    }
+
+    #[test]
+    fn pipelines_are_checked_and_parsed_from_toml() {
+        #[derive(Debug, Deserialize)]
+        struct Config {
+            transforms: Vec<Transform>,
+        }
+        let config: Config = toml::from_str(
+            r#"transforms = [
+                { op = "random_resized_crop", size = 224 },
+                { op = "random_horizontal_flip" },
+                { op = "color_jitter", brightness = 0.4 },
+                { op = "to_tensor" },
+                { op = "normalize", mean = [0.5, 0.5, 0.5], std = [0.2, 0.2, 0.2] },
+            ]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            config.transforms[0],
+            Transform::RandomResizedCrop {
+                size: 224,
+                scale: [0.08, 1.0],
+                ratio: [0.75, 4.0 / 3.0]
+            }
+        );
+        assert!(Pipeline::new(&config.transforms).is_ok());
+
+        let unknown = toml::from_str::<Config>(r#"transforms = [{ op = "resize", sise = 3 }]"#);
+        assert!(unknown.unwrap_err().to_string().contains("sise"));
+        let bad = |t: &[Transform]| Pipeline::new(t).unwrap_err().to_string();
+        assert!(bad(&[Transform::Resize { size: 0 }]).contains("resize"));
+        assert!(
+            bad(&[Transform::Normalize {
+                mean: [0.0; 3],
+                std: [1.0; 3]
+            }])
+            .contains("to_tensor")
+        );
+        assert!(bad(&[Transform::ToTensor, Transform::CenterCrop { size: 3 }]).contains("before"));
+        assert!(bad(&[Transform::RandomHorizontalFlip { p: 1.5 }]).contains("p must"));
     }
 }

@@ -1,0 +1,220 @@
+//! Which data set a run trains on, as a config writes it, and opening it into train and
+//! validation parts.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cifar::{self, Cifar};
+use crate::dataset::{Dataset, SharedDataset, split};
+use crate::image_folder::ImageFolder;
+use crate::synthetic::Synthetic;
+use crate::{DataError, ImageLimits, digits};
+
+/// A data set, written in a config as a table with a `kind`, for example
+/// `{ kind = "cifar10", root = "data", download = true }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Source {
+    /// CIFAR-10 under `root` (torchvision's `./data` layout, either format).
+    Cifar10 {
+        #[serde(default = "default_root")]
+        root: PathBuf,
+        #[serde(default)]
+        download: bool,
+    },
+    Cifar100 {
+        #[serde(default = "default_root")]
+        root: PathBuf,
+        #[serde(default)]
+        download: bool,
+    },
+    /// `train/<class>/<image>`; validation from `val`, or a seeded `val_fraction` of `train`.
+    ImageFolder {
+        train: PathBuf,
+        #[serde(default)]
+        val: Option<PathBuf>,
+        #[serde(default)]
+        val_fraction: Option<f64>,
+    },
+    /// The 8x8 handwritten digits shipped with kiln: 1,500 train, 297 validation.
+    Digits {},
+    /// Random images whose classes differ in mean colour.
+    Synthetic {
+        #[serde(default = "default_synthetic_train")]
+        train_size: usize,
+        #[serde(default = "default_synthetic_val")]
+        val_size: usize,
+        #[serde(default = "default_synthetic_side")]
+        image_size: u32,
+        #[serde(default = "default_synthetic_classes")]
+        num_classes: usize,
+    },
+}
+
+fn default_root() -> PathBuf {
+    PathBuf::from("data")
+}
+
+fn default_synthetic_train() -> usize {
+    1024
+}
+
+fn default_synthetic_val() -> usize {
+    256
+}
+
+fn default_synthetic_side() -> u32 {
+    32
+}
+
+fn default_synthetic_classes() -> usize {
+    10
+}
+
+/// An opened data set: what to train on and, when there is one, what to validate on.
+pub struct Splits {
+    pub train: SharedDataset,
+    pub val: Option<SharedDataset>,
+}
+
+impl Source {
+    /// Opens the data set: reads CIFAR into memory (downloading it if allowed), lists an image
+    /// folder, or builds the shipped or synthetic set. `seed` drives a `val_fraction` split.
+    pub fn open(&self, seed: u64, limits: ImageLimits) -> Result<Splits, DataError> {
+        match self {
+            Source::Cifar10 { root, download } | Source::Cifar100 { root, download } => {
+                let which = match self {
+                    Source::Cifar10 { .. } => Cifar::Cifar10,
+                    _ => Cifar::Cifar100,
+                };
+                let sets = cifar::open(which, root, *download)?;
+                Ok(Splits {
+                    train: Arc::new(sets.train),
+                    val: Some(Arc::new(sets.test)),
+                })
+            }
+            Source::ImageFolder {
+                train,
+                val,
+                val_fraction,
+            } => {
+                let train_set = Arc::new(ImageFolder::open(train, limits)?);
+                match (val, val_fraction) {
+                    (Some(_), Some(_)) => Err(DataError::Invalid(
+                        "image_folder: give either val (a folder) or val_fraction, not both".into(),
+                    )),
+                    (Some(val), None) => {
+                        let val_set = ImageFolder::open(val, limits)?;
+                        if val_set.classes() != train_set.classes() {
+                            return Err(DataError::Invalid(format!(
+                                "the class folders of {} ({}) differ from those of {} ({}); labels would not match",
+                                val.display(),
+                                val_set.classes().join(", "),
+                                train.display(),
+                                train_set.classes().join(", ")
+                            )));
+                        }
+                        Ok(Splits {
+                            train: train_set,
+                            val: Some(Arc::new(val_set)),
+                        })
+                    }
+                    (None, Some(fraction)) => {
+                        let (train, val) = split(train_set, *fraction, seed)?;
+                        Ok(Splits {
+                            train,
+                            val: Some(val),
+                        })
+                    }
+                    (None, None) => Ok(Splits {
+                        train: train_set,
+                        val: None,
+                    }),
+                }
+            }
+            Source::Digits {} => {
+                let (train, val) = digits::splits();
+                Ok(Splits {
+                    train,
+                    val: Some(val),
+                })
+            }
+            Source::Synthetic {
+                train_size,
+                val_size,
+                image_size,
+                num_classes,
+            } => {
+                let side = *image_size;
+                let train = Synthetic::new(*train_size, side, side, *num_classes, seed)?;
+                // Validation images are other draws of the same class colours.
+                let val = (*val_size > 0)
+                    .then(|| Synthetic::new(*val_size, side, side, *num_classes, seed))
+                    .transpose()?
+                    .map(|set| Arc::new(set.offset(*train_size)) as SharedDataset);
+                Ok(Splits {
+                    train: Arc::new(train),
+                    val,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Config {
+        source: Source,
+    }
+
+    #[test]
+    fn sources_parse_from_toml_and_unknown_keys_are_named() {
+        let config: Config =
+            toml::from_str("source = { kind = \"cifar10\", download = true }").unwrap();
+        assert_eq!(
+            config.source,
+            Source::Cifar10 {
+                root: "data".into(),
+                download: true
+            }
+        );
+        let err = toml::from_str::<Config>("source = { kind = \"digits\", root = \"x\" }")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("root"), "{err}");
+        let err = toml::from_str::<Config>("source = { kind = \"mnist\" }")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("mnist"), "{err}");
+    }
+
+    #[test]
+    fn synthetic_sets_split_into_train_and_validation() {
+        let source = Source::Synthetic {
+            train_size: 20,
+            val_size: 5,
+            image_size: 6,
+            num_classes: 3,
+        };
+        let splits = source.open(1, ImageLimits::default()).unwrap();
+        let val = splits.val.unwrap();
+        assert_eq!((splits.train.len(), val.len()), (20, 5));
+        assert_eq!(splits.train.image(0).unwrap().dimensions(), (6, 6));
+        assert!(val.label(4) < 3);
+        // Same seed, same data; validation images are not copies of training ones.
+        let again = source.open(1, ImageLimits::default()).unwrap();
+        assert_eq!(
+            again.train.image(3).unwrap(),
+            splits.train.image(3).unwrap()
+        );
+        assert_ne!(val.image(0).unwrap(), splits.train.image(0).unwrap());
+    }
+}

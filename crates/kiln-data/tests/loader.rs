@@ -1,0 +1,228 @@
+//! The loader: ordering, reproducibility across worker counts, resumption, and bad images.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use image::{Rgb, RgbImage};
+use kiln_data::{
+    Dataset, HostBatch, ImageFolder, ImageLimits, Loader, LoaderConfig, OnBadImage, Pipeline,
+    Synthetic, Transform,
+};
+
+fn synthetic(len: usize) -> Arc<dyn Dataset> {
+    Arc::new(Synthetic::new(len, 12, 10, 4, 3).unwrap())
+}
+
+fn augmenting() -> Pipeline {
+    Pipeline::new(&[
+        Transform::RandomResizedCrop {
+            size: 8,
+            scale: [0.3, 1.0],
+            ratio: [0.75, 4.0 / 3.0],
+        },
+        Transform::RandomCrop {
+            size: 8,
+            padding: 2,
+        },
+        Transform::RandomHorizontalFlip { p: 0.5 },
+        Transform::ColorJitter {
+            brightness: 0.4,
+            contrast: 0.4,
+            saturation: 0.4,
+            hue: 0.1,
+        },
+        Transform::ToTensor,
+        Transform::Normalize {
+            mean: [0.5; 3],
+            std: [0.25; 3],
+        },
+    ])
+    .unwrap()
+}
+
+fn collect(loader: &Loader, epoch: u64) -> Vec<HostBatch> {
+    loader.epoch(epoch).map(Result::unwrap).collect()
+}
+
+fn same(a: &[HostBatch], b: &[HostBatch]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.images == y.images && x.labels == y.labels && x.shape == y.shape)
+}
+
+#[test]
+fn the_same_seed_gives_the_same_batches_whatever_the_worker_count() {
+    let dataset = synthetic(45);
+    let loader_with = |workers: usize, prefetch: usize, seed: u64| {
+        let config = LoaderConfig {
+            workers,
+            prefetch,
+            ..LoaderConfig::new(8, seed)
+        };
+        Loader::new(dataset.clone(), augmenting(), config).unwrap()
+    };
+    let reference = collect(&loader_with(0, 0, 9), 2);
+    assert_eq!(reference.len(), 6);
+    assert_eq!(reference[5].shape, [5, 3, 8, 8]);
+    for (workers, prefetch) in [(1, 0), (3, 1), (4, 8)] {
+        assert!(
+            same(&collect(&loader_with(workers, prefetch, 9), 2), &reference),
+            "{workers} workers, prefetch {prefetch}"
+        );
+    }
+    // Another epoch shuffles and augments differently; another seed too.
+    assert!(!same(&collect(&loader_with(2, 2, 9), 3), &reference));
+    assert!(!same(&collect(&loader_with(2, 2, 10), 2), &reference));
+}
+
+#[test]
+fn every_image_appears_once_per_epoch_and_drop_last_drops_the_remainder() {
+    let dataset = synthetic(23);
+    let plain = Pipeline::new(&[]).unwrap();
+    let config = LoaderConfig {
+        workers: 2,
+        ..LoaderConfig::new(5, 1)
+    };
+    let loader = Loader::new(dataset.clone(), plain.clone(), config.clone()).unwrap();
+    assert_eq!(loader.len(), 5);
+    let mut labels: Vec<i64> = collect(&loader, 0)
+        .into_iter()
+        .flat_map(|b| b.labels)
+        .collect();
+    let mut expected: Vec<i64> = (0..23).map(|i| dataset.label(i) as i64).collect();
+    assert_ne!(labels, expected, "shuffled");
+    labels.sort();
+    expected.sort();
+    assert_eq!(labels, expected);
+
+    let dropping = LoaderConfig {
+        drop_last: true,
+        shuffle: false,
+        ..config
+    };
+    let loader = Loader::new(dataset.clone(), plain, dropping).unwrap();
+    let batches = collect(&loader, 0);
+    assert_eq!(batches.len(), 4);
+    assert!(batches.iter().all(|b| b.labels.len() == 5));
+    // Unshuffled, the first batch is images 0..5 as ToTensor writes them.
+    let first = dataset.image(0).unwrap();
+    assert_eq!(
+        batches[0].images[0],
+        first.get_pixel(0, 0).0[0] as f32 / 255.0
+    );
+}
+
+#[test]
+fn a_resumed_epoch_continues_with_the_same_batches() {
+    let loader = Loader::new(synthetic(30), augmenting(), LoaderConfig::new(4, 5)).unwrap();
+    let whole = collect(&loader, 1);
+    let resumed: Vec<HostBatch> = loader.epoch_from(1, 5).map(Result::unwrap).collect();
+    assert!(same(&whole[5..], &resumed));
+}
+
+#[test]
+fn dropping_an_epoch_midway_stops_its_workers() {
+    let loader = Loader::new(synthetic(200), augmenting(), LoaderConfig::new(4, 5)).unwrap();
+    for _ in 0..20 {
+        let mut batches = loader.epoch(0);
+        assert!(batches.next().unwrap().is_ok());
+    }
+}
+
+fn write_folder(root: &Path) {
+    for (class, count) in [("a", 3), ("b", 3)] {
+        std::fs::create_dir_all(root.join(class)).unwrap();
+        for i in 0..count {
+            RgbImage::from_pixel(9, 7, Rgb([i * 40, 10, 10]))
+                .save(root.join(class).join(format!("{i}.png")))
+                .unwrap();
+        }
+    }
+}
+
+#[test]
+fn bad_images_are_skipped_and_counted_or_stop_the_run_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    write_folder(dir.path());
+    let truncated = dir.path().join("a/1.png");
+    let bytes = std::fs::read(&truncated).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    std::fs::write(dir.path().join("b/0.png"), b"not a png at all").unwrap();
+    RgbImage::new(300, 2)
+        .save(dir.path().join("b/huge.png"))
+        .unwrap();
+    let limits = ImageLimits {
+        max_side: 100,
+        ..ImageLimits::default()
+    };
+    let folder: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path(), limits).unwrap());
+    let pipeline = Pipeline::new(&[Transform::CenterCrop { size: 6 }]).unwrap();
+    let config = LoaderConfig {
+        shuffle: false,
+        ..LoaderConfig::new(4, 0)
+    };
+
+    let loader = Loader::new(folder.clone(), pipeline.clone(), config.clone()).unwrap();
+    let batches = collect(&loader, 0);
+    let images: usize = batches.iter().map(|b| b.labels.len()).sum();
+    let skipped: Vec<String> = batches
+        .iter()
+        .flat_map(|b| b.skipped.iter().map(|e| e.to_string()))
+        .collect();
+    assert_eq!((images, skipped.len()), (4, 3), "{skipped:?}");
+    assert!(skipped[0].contains("1.png"));
+    assert!(
+        skipped
+            .iter()
+            .any(|e| e.contains("huge.png") && e.contains("300x2"))
+    );
+    assert!(
+        batches
+            .iter()
+            .all(|b| b.images.len() == b.labels.len() * 3 * 36)
+    );
+
+    let strict = LoaderConfig {
+        on_bad_image: OnBadImage::Error,
+        ..config
+    };
+    let loader = Loader::new(folder, pipeline, strict).unwrap();
+    let err = loader.epoch(0).find_map(Result::err).unwrap().to_string();
+    assert!(err.contains(&*truncated.to_string_lossy()), "{err}");
+}
+
+#[test]
+fn images_of_different_sizes_in_one_batch_ask_for_a_crop() {
+    let dir = tempfile::tempdir().unwrap();
+    write_folder(dir.path());
+    RgbImage::new(5, 5)
+        .save(dir.path().join("a/odd.png"))
+        .unwrap();
+    let folder = Arc::new(ImageFolder::open(dir.path(), ImageLimits::default()).unwrap());
+    let loader = Loader::new(folder, Pipeline::new(&[]).unwrap(), LoaderConfig::new(7, 0));
+    let err = loader
+        .unwrap()
+        .epoch(0)
+        .next()
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("center_crop"), "{err}");
+}
+
+#[test]
+fn impossible_configurations_are_refused() {
+    let err = |config: LoaderConfig| {
+        Loader::new(synthetic(3), Pipeline::new(&[]).unwrap(), config)
+            .err()
+            .unwrap()
+            .to_string()
+    };
+    assert!(err(LoaderConfig::new(0, 0)).contains("batch_size"));
+    let dropping = LoaderConfig {
+        drop_last: true,
+        ..LoaderConfig::new(4, 0)
+    };
+    assert!(err(dropping).contains("drop_last"));
+}

@@ -2,6 +2,7 @@
 
 mod devices;
 mod predict;
+mod train;
 
 use std::process::ExitCode;
 
@@ -32,6 +33,18 @@ enum Command {
         after_help = "Examples:\n  kiln predict cat.jpg dog.png --model resnet50 --pretrained torchvision\n  kiln predict img.png --model resnet18 --pretrained runs/x/model.safetensors --num-classes 10 --classes names.txt"
     )]
     Predict(predict::PredictArgs),
+
+    /// Train a ResNet as a config describes, or resume a stopped run.
+    #[command(
+        after_help = "Examples:\n  kiln train --config configs/quickstart.toml\n  kiln train --config configs/cifar10-resnet18-sgd.toml --set epochs=50 --backend cuda --devices 0\n  kiln train --resume runs/quickstart-20261130-120000"
+    )]
+    Train(train::TrainArgs),
+
+    /// Evaluate a trained model on its data set's validation part.
+    #[command(
+        after_help = "Examples:\n  kiln eval --run runs/quickstart-20261130-120000\n  kiln eval --config configs/imagefolder-resnet50.toml --weights resnet50.pth"
+    )]
+    Eval(train::EvalArgs),
 }
 
 /// Where to run: shared by every command that touches a device.
@@ -58,6 +71,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Devices(args) => devices::run(args.backend, &args.devices),
         Command::Predict(args) => predict::run(args),
+        Command::Train(args) => train::run_train(args),
+        Command::Eval(args) => train::run_eval(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,21 @@
-//! kiln's engine, generic over burn's backends. The training loop arrives with the training
-//! issue; prediction is here because it is the first job that joins data and models, and
-//! `batch` moves the loader's host batches onto a device.
+//! kiln's engine, generic over burn's backends.
+//!
+//! - `config`: the TOML schema, `--set` overrides and checks.
+//! - `optim`, `schedule`: PyTorch's optimizers and learning-rate schedules.
+//! - `engine`: the training loop and evaluation; `checkpoint` and `run_dir` keep its state and
+//!   record; `progress` shows it on a console.
+//! - `batch`: host batches onto a device; `predict`: `kiln predict`.
 
 pub mod batch;
+pub mod checkpoint;
+pub mod config;
+pub mod engine;
+pub mod optim;
 pub mod predict;
+pub mod progress;
+pub mod run_dir;
+pub mod schedule;
+
+pub use config::TrainConfig;
+pub use engine::{Event, Observer, Outcome, Silent, TrainError, evaluate, train};
+pub use run_dir::{EpochSummary, RunDir};

@@ -1,0 +1,666 @@
+//! The training config: a TOML file through serde, `--set key=value` overrides, and checks that
+//! turn a bad value into one line naming the key.
+
+use std::path::{Path, PathBuf};
+
+use kiln_data::{OnBadImage, Source, Transform};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}{}: {message}", path.display(), line.map(|l| format!(" line {l}")).unwrap_or_default())]
+    Parse {
+        path: PathBuf,
+        line: Option<usize>,
+        message: String,
+    },
+    #[error("--set {0}: expected key=value, for example --set optimizer.lr=0.01")]
+    SetSyntax(String),
+    #[error("--set {key}: {reason}")]
+    SetPath { key: String, reason: String },
+    #[error("{}: {key} {problem}", path.display())]
+    Invalid {
+        path: PathBuf,
+        key: &'static str,
+        problem: String,
+    },
+}
+
+/// Everything a run needs, as written in `configs/*.toml`. Every key but `epochs`,
+/// `batch_size`, `[data] source`, `[optimizer] name` and `lr` has a default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Names the run directory `runs/<name>-<timestamp>`.
+    #[serde(default = "default_name")]
+    pub name: String,
+    #[serde(default)]
+    pub seed: u64,
+    pub epochs: usize,
+    pub batch_size: usize,
+    /// Only `"f32"` so far; mixed precision comes with the scale issue.
+    #[serde(default = "default_precision")]
+    pub precision: String,
+    #[serde(default)]
+    pub model: ModelSection,
+    pub data: DataSection,
+    pub optimizer: OptimizerConfig,
+    #[serde(default)]
+    pub schedule: ScheduleConfig,
+    #[serde(default)]
+    pub loss: LossConfig,
+    #[serde(default)]
+    pub device: DeviceSection,
+    #[serde(default)]
+    pub checkpoints: CheckpointSection,
+    #[serde(default)]
+    pub logging: LoggingSection,
+}
+
+fn default_name() -> String {
+    "run".into()
+}
+
+fn default_precision() -> String {
+    "f32".into()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// `resnet18`, `resnet34`, `resnet50`, `resnet101` or `resnet152`.
+    pub name: String,
+    /// `"imagenet"` (7x7 stride-2 convolution and max pool) or `"cifar"` (3x3, no pool).
+    pub stem: String,
+    pub width: usize,
+    /// The data set's class count when absent.
+    pub num_classes: Option<usize>,
+    pub zero_init_residual: bool,
+    /// `"torchvision"` for torchvision's ImageNet weights, or a path to a state dict.
+    pub pretrained: Option<String>,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            name: "resnet18".into(),
+            stem: "imagenet".into(),
+            width: 64,
+            num_classes: None,
+            zero_init_residual: false,
+            pretrained: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSection {
+    pub source: Source,
+    #[serde(default)]
+    pub train_transforms: Vec<Transform>,
+    #[serde(default)]
+    pub val_transforms: Vec<Transform>,
+    /// Decoding threads.
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+    /// Batches prepared ahead.
+    #[serde(default = "default_prefetch")]
+    pub prefetch: usize,
+    #[serde(default)]
+    pub drop_last: bool,
+    #[serde(default)]
+    pub on_bad_image: OnBadImage,
+    /// Images with a longer side are refused before decoding.
+    #[serde(default = "default_max_image_side")]
+    pub max_image_side: u32,
+}
+
+impl DataSection {
+    /// No transforms (ToTensor only), two workers, bad images skipped.
+    pub fn new(source: Source) -> Self {
+        Self {
+            source,
+            train_transforms: Vec::new(),
+            val_transforms: Vec::new(),
+            workers: default_workers(),
+            prefetch: default_prefetch(),
+            drop_last: false,
+            on_bad_image: OnBadImage::default(),
+            max_image_side: default_max_image_side(),
+        }
+    }
+}
+
+fn default_workers() -> usize {
+    2
+}
+
+fn default_prefetch() -> usize {
+    4
+}
+
+fn default_max_image_side() -> u32 {
+    16_384
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerName {
+    Sgd,
+    Adam,
+    Adamw,
+}
+
+/// PyTorch's optimizers with PyTorch's defaults: SGD's dampening 0, Adam's eps 1e-8, AdamW's
+/// weight decay 1e-2 (burn's own defaults differ).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerConfig {
+    pub name: OptimizerName,
+    pub lr: f64,
+    #[serde(default)]
+    pub momentum: f64,
+    #[serde(default)]
+    pub dampening: f64,
+    #[serde(default)]
+    pub nesterov: bool,
+    /// 0 for SGD and Adam, 1e-2 for AdamW when absent.
+    #[serde(default)]
+    pub weight_decay: Option<f64>,
+    #[serde(default = "default_betas")]
+    pub betas: [f64; 2],
+    #[serde(default = "default_eps")]
+    pub eps: f64,
+}
+
+fn default_betas() -> [f64; 2] {
+    [0.9, 0.999]
+}
+
+fn default_eps() -> f64 {
+    1e-8
+}
+
+impl OptimizerConfig {
+    /// `torch.optim.SGD(lr=lr)`: no momentum, no weight decay.
+    pub fn sgd(lr: f64) -> Self {
+        Self::with_name(OptimizerName::Sgd, lr)
+    }
+
+    /// `torch.optim.Adam(lr=lr)`.
+    pub fn adam(lr: f64) -> Self {
+        Self::with_name(OptimizerName::Adam, lr)
+    }
+
+    /// `torch.optim.AdamW(lr=lr)`: weight decay 1e-2.
+    pub fn adamw(lr: f64) -> Self {
+        Self::with_name(OptimizerName::Adamw, lr)
+    }
+
+    fn with_name(name: OptimizerName, lr: f64) -> Self {
+        Self {
+            name,
+            lr,
+            momentum: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+            weight_decay: None,
+            betas: default_betas(),
+            eps: default_eps(),
+        }
+    }
+
+    pub fn weight_decay(&self) -> f64 {
+        self.weight_decay.unwrap_or(match self.name {
+            OptimizerName::Adamw => 1e-2,
+            _ => 0.0,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleName {
+    Constant,
+    Step,
+    Multistep,
+    Cosine,
+    OneCycle,
+}
+
+/// The learning rate over the run, evaluated at every iteration. `step_size` and `milestones`
+/// count epochs; a linear warm-up of `warmup_epochs` (may be fractional) precedes any schedule
+/// but one-cycle, which has its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScheduleConfig {
+    pub name: ScheduleName,
+    pub warmup_epochs: f64,
+    /// The warm-up starts at `lr * warmup_start_factor`.
+    pub warmup_start_factor: f64,
+    pub step_size: Option<usize>,
+    pub milestones: Vec<usize>,
+    pub gamma: f64,
+    /// Where cosine ends.
+    pub min_lr: f64,
+    /// One-cycle: the share of the run spent rising, and PyTorch's divisors.
+    pub pct_start: f64,
+    pub div_factor: f64,
+    pub final_div_factor: f64,
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        Self {
+            name: ScheduleName::Constant,
+            warmup_epochs: 0.0,
+            warmup_start_factor: 0.1,
+            step_size: None,
+            milestones: Vec::new(),
+            gamma: 0.1,
+            min_lr: 0.0,
+            pct_start: 0.3,
+            div_factor: 25.0,
+            final_div_factor: 1e4,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct LossConfig {
+    pub label_smoothing: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeviceSection {
+    /// As `--backend`: auto, cuda, wgpu, vulkan, metal, flex, ndarray.
+    pub backend: String,
+    /// As `--devices`: an index, a list or `all`.
+    pub devices: String,
+}
+
+impl Default for DeviceSection {
+    fn default() -> Self {
+        Self {
+            backend: "auto".into(),
+            devices: "0".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointSection {
+    /// Write a checkpoint every this many epochs (and always after the last).
+    pub every_epochs: usize,
+    /// How many of the most recent checkpoints to keep.
+    pub keep_last: usize,
+    /// Also keep the checkpoint with the best validation top-1.
+    pub keep_best: bool,
+}
+
+impl Default for CheckpointSection {
+    fn default() -> Self {
+        Self {
+            every_epochs: 1,
+            keep_last: 2,
+            keep_best: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoggingSection {
+    /// Print the running loss every this many iterations.
+    pub print_every: usize,
+    /// Where run directories go.
+    pub runs_dir: PathBuf,
+}
+
+impl Default for LoggingSection {
+    fn default() -> Self {
+        Self {
+            print_every: 100,
+            runs_dir: PathBuf::from("runs"),
+        }
+    }
+}
+
+impl TrainConfig {
+    /// A config with every default: `name = "run"`, seed 0, torchvision's ResNet-18, f32, a
+    /// constant schedule, checkpoints every epoch, the auto backend on device 0.
+    pub fn new(
+        source: Source,
+        optimizer: OptimizerConfig,
+        epochs: usize,
+        batch_size: usize,
+    ) -> Self {
+        Self {
+            name: default_name(),
+            seed: 0,
+            epochs,
+            batch_size,
+            precision: default_precision(),
+            model: ModelSection::default(),
+            data: DataSection::new(source),
+            optimizer,
+            schedule: ScheduleConfig::default(),
+            loss: LossConfig::default(),
+            device: DeviceSection::default(),
+            checkpoints: CheckpointSection::default(),
+            logging: LoggingSection::default(),
+        }
+    }
+
+    /// Reads `path`, applies `overrides` (`key=value`, the value in TOML syntax or a bare
+    /// string), and checks the values.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path, overrides)
+    }
+
+    /// [`load`](Self::load) from text; `path` only names it in messages.
+    pub fn parse(text: &str, path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        let parse_error = |e: toml::de::Error, source: Option<&str>| ConfigError::Parse {
+            path: path.to_path_buf(),
+            line: e
+                .span()
+                .zip(source)
+                .map(|(span, text)| text[..span.start].matches('\n').count() + 1),
+            message: e.message().trim().to_string(),
+        };
+        let mut table: toml::Table =
+            toml::from_str(text).map_err(|e| parse_error(e, Some(text)))?;
+        for assignment in overrides {
+            apply_override(&mut table, assignment)?;
+        }
+        let config: TrainConfig = toml::Value::Table(table).try_into().map_err(|e| {
+            // Read the file alone again to point at the line when the file is at fault; if it
+            // is not, an override is.
+            match toml::from_str::<TrainConfig>(text) {
+                Err(in_file) => parse_error(in_file, Some(text)),
+                Ok(_) => parse_error(e, None),
+            }
+        })?;
+        config.check(path)?;
+        Ok(config)
+    }
+
+    /// The config as TOML, as the run directory records it.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("the config serializes")
+    }
+
+    /// Checks the values, as loading does; for configs built in code.
+    pub fn check(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |key: &'static str, problem: String| {
+            Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                key,
+                problem,
+            })
+        };
+        let o = &self.optimizer;
+        let s = &self.schedule;
+        if self.epochs == 0 {
+            return invalid("epochs", "must be at least 1".into());
+        }
+        if self.batch_size == 0 {
+            return invalid("batch_size", "must be at least 1".into());
+        }
+        if self.precision != "f32" {
+            return invalid(
+                "precision",
+                format!("\"{}\" is not supported yet; use \"f32\"", self.precision),
+            );
+        }
+        if !["imagenet", "cifar"].contains(&self.model.stem.as_str()) {
+            return invalid(
+                "model.stem",
+                format!(
+                    "must be \"imagenet\" or \"cifar\", got \"{}\"",
+                    self.model.stem
+                ),
+            );
+        }
+        if self.model.width == 0 || self.model.num_classes == Some(0) {
+            return invalid("model", "width and num_classes must be at least 1".into());
+        }
+        if !(o.lr > 0.0 && o.lr.is_finite()) {
+            return invalid("optimizer.lr", format!("must be positive, got {}", o.lr));
+        }
+        if !(0.0..1.0).contains(&o.momentum) {
+            return invalid(
+                "optimizer.momentum",
+                format!("must lie in [0, 1), got {}", o.momentum),
+            );
+        }
+        if !(0.0..=1.0).contains(&o.dampening) {
+            return invalid(
+                "optimizer.dampening",
+                format!("must lie in [0, 1], got {}", o.dampening),
+            );
+        }
+        if o.nesterov && (o.momentum == 0.0 || o.dampening != 0.0) {
+            return invalid(
+                "optimizer.nesterov",
+                "needs momentum > 0 and dampening 0, as in PyTorch".into(),
+            );
+        }
+        if o.name != OptimizerName::Sgd && (o.momentum != 0.0 || o.nesterov) {
+            return invalid(
+                "optimizer.momentum",
+                "applies to sgd only; adam uses betas".into(),
+            );
+        }
+        if o.weight_decay().is_nan() || o.weight_decay() < 0.0 {
+            return invalid(
+                "optimizer.weight_decay",
+                format!("must be 0 or more, got {}", o.weight_decay()),
+            );
+        }
+        if !o.betas.iter().all(|b| (0.0..1.0).contains(b)) {
+            return invalid(
+                "optimizer.betas",
+                format!("must lie in [0, 1), got {:?}", o.betas),
+            );
+        }
+        if o.eps.is_nan() || o.eps <= 0.0 {
+            return invalid("optimizer.eps", format!("must be positive, got {}", o.eps));
+        }
+        let factor_ok = s.warmup_start_factor > 0.0 && s.warmup_start_factor <= 1.0;
+        if s.warmup_epochs.is_nan() || s.warmup_epochs < 0.0 || !factor_ok {
+            return invalid(
+                "schedule.warmup_epochs",
+                "warmup_epochs must be 0 or more and warmup_start_factor in (0, 1]".into(),
+            );
+        }
+        match s.name {
+            ScheduleName::Step if s.step_size.unwrap_or(0) == 0 => {
+                return invalid(
+                    "schedule.step_size",
+                    "the step schedule needs step_size >= 1 (epochs)".into(),
+                );
+            }
+            ScheduleName::Multistep if s.milestones.is_empty() => {
+                return invalid(
+                    "schedule.milestones",
+                    "the multistep schedule needs milestones (epochs)".into(),
+                );
+            }
+            ScheduleName::OneCycle if !(s.pct_start > 0.0 && s.pct_start < 1.0) => {
+                return invalid(
+                    "schedule.pct_start",
+                    format!("must lie in (0, 1), got {}", s.pct_start),
+                );
+            }
+            _ => {}
+        }
+        if !(0.0..1.0).contains(&self.loss.label_smoothing) {
+            return invalid(
+                "loss.label_smoothing",
+                format!("must lie in [0, 1), got {}", self.loss.label_smoothing),
+            );
+        }
+        if self.checkpoints.every_epochs == 0 || self.checkpoints.keep_last == 0 {
+            return invalid(
+                "checkpoints",
+                "every_epochs and keep_last must be at least 1".into(),
+            );
+        }
+        if self.logging.print_every == 0 {
+            return invalid("logging.print_every", "must be at least 1".into());
+        }
+        if self.data.max_image_side == 0 {
+            return invalid("data.max_image_side", "must be at least 1".into());
+        }
+        if let Err(e) = kiln_data::Pipeline::new(&self.data.train_transforms) {
+            return invalid("data.train_transforms", e.to_string());
+        }
+        if let Err(e) = kiln_data::Pipeline::new(&self.data.val_transforms) {
+            return invalid("data.val_transforms", e.to_string());
+        }
+        Ok(())
+    }
+}
+
+/// Sets `a.b.c = value` in `table`, creating tables on the way. The value is read as TOML
+/// (`0.1`, `true`, `[1, 2]`, `{ kind = "digits" }`), else taken as a string; an empty value
+/// removes the key.
+fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<(), ConfigError> {
+    let (key, raw) = assignment
+        .split_once('=')
+        .ok_or_else(|| ConfigError::SetSyntax(assignment.to_string()))?;
+    let (key, raw) = (key.trim(), raw.trim());
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(ConfigError::SetSyntax(assignment.to_string()));
+    }
+    if raw.is_empty() {
+        // `--set key=` removes the key, so that its default applies.
+        let mut current = table;
+        for part in &parts[..parts.len() - 1] {
+            match current.get_mut(*part).and_then(toml::Value::as_table_mut) {
+                Some(next) => current = next,
+                None => return Ok(()),
+            }
+        }
+        current.remove(parts[parts.len() - 1]);
+        return Ok(());
+    }
+    let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    let mut current = table;
+    for part in &parts[..parts.len() - 1] {
+        let entry = current
+            .entry(part.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        current = entry.as_table_mut().ok_or_else(|| ConfigError::SetPath {
+            key: key.to_string(),
+            reason: format!("{part} is not a table"),
+        })?;
+    }
+    current.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+epochs = 2
+batch_size = 8
+[data]
+source = { kind = "digits" }
+[optimizer]
+name = "sgd"
+lr = 0.1
+"#;
+
+    fn parse(text: &str, overrides: &[&str]) -> Result<TrainConfig, String> {
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        TrainConfig::parse(text, Path::new("test.toml"), &overrides).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_follow_pytorch() {
+        let config = parse(MINIMAL, &[]).unwrap();
+        assert_eq!(config.optimizer.dampening, 0.0);
+        assert_eq!(config.optimizer.eps, 1e-8);
+        assert_eq!(config.optimizer.weight_decay(), 0.0);
+        let adamw = parse(MINIMAL, &["optimizer.name=adamw"]).unwrap();
+        assert_eq!(adamw.optimizer.weight_decay(), 1e-2);
+        assert_eq!(config.schedule.name, ScheduleName::Constant);
+        // The resolved config round-trips through its TOML form.
+        assert_eq!(parse(&config.to_toml(), &[]).unwrap(), config);
+    }
+
+    #[test]
+    fn overrides_reach_any_key() {
+        let config = parse(
+            MINIMAL,
+            &[
+                "optimizer.lr=0.5",
+                "model.stem=cifar",
+                "data.source={ kind = \"synthetic\", train_size = 4 }",
+                "schedule.milestones=[1, 2]",
+                "name = quick run",
+                "logging.print_every=",
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.optimizer.lr, 0.5);
+        assert_eq!(config.model.stem, "cifar");
+        assert_eq!(config.schedule.milestones, [1, 2]);
+        assert_eq!(config.name, "quick run");
+        assert!(matches!(
+            config.data.source,
+            Source::Synthetic { train_size: 4, .. }
+        ));
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_get_one_line_naming_them() {
+        let err = parse(&MINIMAL.replace("lr = 0.1", "lr = 0.1\nlrr = 2"), &[]).unwrap_err();
+        assert!(err.contains("test.toml") && err.contains("lrr"), "{err}");
+        assert!(err.contains("line 9"), "{err}");
+        let err = parse(MINIMAL, &["optimizer.momentun=0.9"]).unwrap_err();
+        assert!(err.contains("momentun"), "{err}");
+        for (set, key) in [
+            ("batch_size=0", "batch_size"),
+            ("optimizer.lr=-1", "optimizer.lr"),
+            ("epochs=0", "epochs"),
+            ("optimizer.nesterov=true", "optimizer.nesterov"),
+            ("schedule.name=step", "schedule.step_size"),
+            ("loss.label_smoothing=1.5", "loss.label_smoothing"),
+            ("model.stem=tiny", "model.stem"),
+            ("precision=f16", "precision"),
+        ] {
+            let err = parse(MINIMAL, &[set]).unwrap_err();
+            assert!(err.contains(key), "{set}: {err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+        assert!(
+            parse(MINIMAL, &["nonsense"])
+                .unwrap_err()
+                .contains("key=value")
+        );
+        let err = parse(&MINIMAL.replace("lr = 0.1", ""), &[]).unwrap_err();
+        assert!(err.contains("lr"), "{err}");
+    }
+}

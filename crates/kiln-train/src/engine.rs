@@ -1,0 +1,448 @@
+//! The training loop, generic over the backend. Read `train` top to bottom: open the data, build
+//! the model and optimizer (or restore them), then for each epoch: steps, evaluation, metrics,
+//! checkpoint. The engine never prints; it reports [`Event`]s to an [`Observer`].
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use burn::module::AutodiffModule;
+use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{ElementConversion, Int, Tensor};
+use kiln_data::{DataError, ImageLimits, Loader, LoaderConfig, Pipeline};
+use kiln_models::pretrained::{self, PretrainedError};
+use kiln_models::weights::{self, WeightsError};
+use kiln_models::{ModelError, ResNet, ResNetConfig, Stem};
+
+use crate::batch::{DeviceBatch, Uploaded};
+use crate::checkpoint::{self, CheckpointError, EpochSums, Position};
+use crate::config::{ModelSection, TrainConfig};
+use crate::optim::AnyOptimizer;
+use crate::run_dir::{EpochSummary, RunDir};
+use crate::schedule::Schedule;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+    #[error(transparent)]
+    Pretrained(#[from] PretrainedError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "the loss became {loss} at epoch {epoch}, iteration {iteration} (learning rate {lr:.3e}); training stopped. {}",
+        checkpoint.as_ref().map_or("No checkpoint was written yet: lower optimizer.lr and start again".to_string(),
+            |p| format!("The last good checkpoint is {}: lower the learning rate and resume, for example `kiln train --resume {} --set optimizer.lr=...`", p.display(), p.parent().and_then(Path::parent).unwrap_or(p).display()))
+    )]
+    NonFinite {
+        epoch: usize,
+        iteration: usize,
+        loss: f64,
+        lr: f64,
+        checkpoint: Option<PathBuf>,
+    },
+}
+
+/// What the engine reports as it goes.
+pub enum Event<'a> {
+    Started {
+        run_dir: &'a Path,
+        train_images: usize,
+        val_images: Option<usize>,
+        iterations_per_epoch: usize,
+        resumed_from: Option<&'a Path>,
+    },
+    Iteration {
+        epoch: usize,
+        epochs: usize,
+        batch: usize,
+        batches: usize,
+        iteration: usize,
+        loss: f64,
+        lr: f64,
+        images: usize,
+    },
+    Skipped(&'a DataError),
+    Epoch(&'a EpochSummary),
+    Checkpoint(&'a Path),
+    Stopped(&'a Path),
+    Finished {
+        model: &'a Path,
+    },
+}
+
+pub trait Observer {
+    fn event(&mut self, event: Event<'_>);
+}
+
+/// An observer that ignores everything, for tests and library use.
+pub struct Silent;
+
+impl Observer for Silent {
+    fn event(&mut self, _: Event<'_>) {}
+}
+
+/// How a run ended without error.
+#[derive(Debug)]
+pub enum Outcome {
+    Finished {
+        last: Option<EpochSummary>,
+        model: PathBuf,
+    },
+    /// Stopped on request; resume from this checkpoint.
+    Stopped { checkpoint: PathBuf },
+}
+
+/// Trains `config` on `device`, writing into `run`. With `resume`, continues from the run's
+/// latest checkpoint. `stop` (set by Ctrl-C) ends the run after the current step with a
+/// checkpoint.
+pub fn train<B: AutodiffBackend>(
+    config: &TrainConfig,
+    run: &RunDir,
+    resume: bool,
+    device: B::Device,
+    observer: &mut dyn Observer,
+    stop: &AtomicBool,
+) -> Result<Outcome, TrainError> {
+    B::seed(&device, config.seed);
+    let (train_loader, val_loader) = loaders(config)?;
+    let classes = train_loader.dataset().classes().len();
+    let mut model = build_model::<B>(&config.model, classes, &device)?;
+    let mut optimizer = AnyOptimizer::<ResNet<B>, B>::new(&config.optimizer);
+    let batches = train_loader.len();
+    let schedule = Schedule::new(
+        &config.schedule,
+        config.optimizer.lr,
+        config.epochs,
+        batches,
+    );
+    let loss_fn = loss_function::<B>(config, &device);
+
+    let mut position = Position::default();
+    let mut history = Vec::new();
+    let mut resumed_from = None;
+    if resume {
+        let (path, saved) = checkpoint::latest(&run.checkpoints())?;
+        (model, optimizer) = checkpoint::load(&path, model, optimizer, &device)?;
+        position = saved;
+        history = run.history();
+        history.retain(|s| s.epoch <= position.epoch);
+        resumed_from = Some(path);
+    }
+    observer.event(Event::Started {
+        run_dir: &run.path,
+        train_images: train_loader.dataset().len(),
+        val_images: val_loader.as_ref().map(|l| l.dataset().len()),
+        iterations_per_epoch: batches,
+        resumed_from: resumed_from.as_deref(),
+    });
+
+    for epoch in position.epoch..config.epochs {
+        let clock = Instant::now();
+        let host = train_loader.epoch_from(epoch as u64, position.batch);
+        for batch in Uploaded::<B, _>::new(host, device.clone()) {
+            let batch = batch?;
+            position.batch += 1;
+            position.sums.skipped += batch.skipped.len();
+            for skipped in &batch.skipped {
+                observer.event(Event::Skipped(skipped));
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            let lr = schedule.lr(position.iteration);
+            let images = batch.len();
+            let (next, loss, correct) = train_step(model, &mut optimizer, &loss_fn, batch, lr);
+            model = next;
+            if !loss.is_finite() {
+                return Err(TrainError::NonFinite {
+                    epoch: epoch + 1,
+                    iteration: position.iteration,
+                    loss,
+                    lr,
+                    checkpoint: checkpoint::latest(&run.checkpoints()).ok().map(|(p, _)| p),
+                });
+            }
+            position.iteration += 1;
+            position.sums.loss += loss * images as f64;
+            position.sums.correct += correct;
+            position.sums.seen += images;
+            observer.event(Event::Iteration {
+                epoch,
+                epochs: config.epochs,
+                batch: position.batch,
+                batches,
+                iteration: position.iteration,
+                loss,
+                lr,
+                images,
+            });
+            if stop.load(Ordering::SeqCst) {
+                position.sums.seconds += clock.elapsed().as_secs_f64();
+                let name = format!("epoch-{:04}-batch-{:06}", epoch + 1, position.batch);
+                let path =
+                    checkpoint::save(&run.checkpoints(), &name, &model, &optimizer, &position)?;
+                observer.event(Event::Stopped(&path));
+                return Ok(Outcome::Stopped { checkpoint: path });
+            }
+        }
+
+        let validation = match &val_loader {
+            Some(loader) => Some(evaluate(&model.valid(), loader, &device)?),
+            None => None,
+        };
+        let sums = std::mem::take(&mut position.sums);
+        let seconds = sums.seconds + clock.elapsed().as_secs_f64();
+        let summary = epoch_summary(
+            epoch,
+            &position,
+            &sums,
+            seconds,
+            &schedule,
+            validation.as_ref(),
+        );
+        history.push(summary.clone());
+        position.epoch = epoch + 1;
+        position.batch = 0;
+        run.write_history(&history, &lr_trace(&schedule, position.iteration))
+            .map_err(io_error(&run.path))?;
+        observer.event(Event::Epoch(&summary));
+        if position.epoch % config.checkpoints.every_epochs == 0 || position.epoch == config.epochs
+        {
+            save_epoch_checkpoint(
+                config,
+                run,
+                &model,
+                &optimizer,
+                &mut position,
+                summary.val_top1,
+                observer,
+            )?;
+        }
+    }
+
+    let model_path = run.model_path();
+    weights::save_safetensors(&model.valid(), &model_path)?;
+    observer.event(Event::Finished { model: &model_path });
+    Ok(Outcome::Finished {
+        last: history.last().cloned(),
+        model: model_path,
+    })
+}
+
+/// One optimizer step: forward, loss, backward, update. Returns the updated model, the batch's
+/// mean loss and how many images it classified correctly.
+fn train_step<B: AutodiffBackend>(
+    model: ResNet<B>,
+    optimizer: &mut AnyOptimizer<ResNet<B>, B>,
+    loss_fn: &CrossEntropyLoss<B>,
+    batch: DeviceBatch<B>,
+    lr: f64,
+) -> (ResNet<B>, f64, usize) {
+    let logits = model.forward(batch.images);
+    let correct = count_correct(logits.clone().detach(), batch.labels.clone());
+    let loss = loss_fn.forward(logits, batch.labels);
+    let loss_value: f64 = loss.clone().into_scalar().elem();
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    (optimizer.step(lr, model, grads), loss_value, correct)
+}
+
+fn count_correct<B: Backend>(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> usize {
+    let predicted = logits.argmax(1).flatten::<1>(0, 1);
+    let hits: i64 = predicted.equal(labels).int().sum().into_scalar().elem();
+    hits as usize
+}
+
+/// Validation loss, top-1 and top-5 accuracy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluation {
+    pub loss: f64,
+    pub top1: f64,
+    pub top5: f64,
+    pub images: usize,
+    pub skipped: usize,
+}
+
+/// Runs `model` over every batch of `loader` (epoch 0: the order, and any augmentation, of a
+/// validation loader is fixed).
+pub fn evaluate<B: Backend>(
+    model: &ResNet<B>,
+    loader: &Loader,
+    device: &B::Device,
+) -> Result<Evaluation, DataError> {
+    let loss_fn = CrossEntropyLossConfig::new().init(device);
+    let (mut loss, mut top1, mut top5, mut images, mut skipped) = (0.0, 0, 0, 0, 0);
+    for batch in Uploaded::<B, _>::new(loader.epoch(0), device.clone()) {
+        let batch = batch?;
+        skipped += batch.skipped.len();
+        if batch.is_empty() {
+            continue;
+        }
+        let n = batch.len();
+        let logits = model.forward(batch.images);
+        let k = 5.min(logits.dims()[1]);
+        let (_, best) = logits.clone().topk_with_indices(k, 1);
+        let hits = best.equal(batch.labels.clone().unsqueeze_dim::<2>(1).repeat_dim(1, k));
+        let in_top5: i64 = hits.int().sum().into_scalar().elem();
+        top5 += in_top5 as usize;
+        top1 += count_correct(logits.clone(), batch.labels.clone());
+        let batch_loss: f64 = loss_fn.forward(logits, batch.labels).into_scalar().elem();
+        loss += batch_loss * n as f64;
+        images += n;
+    }
+    let share = |count: usize| count as f64 / images.max(1) as f64;
+    Ok(Evaluation {
+        loss: loss / images.max(1) as f64,
+        top1: share(top1),
+        top5: share(top5),
+        images,
+        skipped,
+    })
+}
+
+/// The train and validation loaders the config describes.
+pub fn loaders(config: &TrainConfig) -> Result<(Loader, Option<Loader>), DataError> {
+    let data = &config.data;
+    let limits = ImageLimits {
+        max_side: data.max_image_side,
+        ..ImageLimits::default()
+    };
+    let splits = data.source.open(config.seed, limits)?;
+    let loader_config = LoaderConfig {
+        batch_size: config.batch_size,
+        shuffle: true,
+        drop_last: data.drop_last,
+        workers: data.workers,
+        prefetch: data.prefetch,
+        seed: config.seed,
+        on_bad_image: data.on_bad_image,
+    };
+    let train = Loader::new(
+        splits.train,
+        Pipeline::new(&data.train_transforms)?,
+        loader_config.clone(),
+    )?;
+    let val_config = LoaderConfig {
+        shuffle: false,
+        drop_last: false,
+        ..loader_config
+    };
+    let val = splits
+        .val
+        .map(|val| Loader::new(val, Pipeline::new(&data.val_transforms)?, val_config))
+        .transpose()?;
+    Ok((train, val))
+}
+
+/// The ResNet of the model section, with pretrained weights if asked for. A pretrained
+/// classifier for another class count is left out, so fine-tuning starts with a fresh `fc`.
+pub fn build_model<B: Backend>(
+    section: &ModelSection,
+    data_classes: usize,
+    device: &B::Device,
+) -> Result<ResNet<B>, TrainError> {
+    let mut config = ResNetConfig::from_name(&section.name)?;
+    config.num_classes = section.num_classes.unwrap_or(data_classes);
+    config.stem = if section.stem == "cifar" {
+        Stem::Cifar
+    } else {
+        Stem::Imagenet
+    };
+    config.width = section.width;
+    config.zero_init_residual = section.zero_init_residual;
+    let model = config.init::<B>(device)?;
+    let path = match section.pretrained.as_deref() {
+        None => return Ok(model),
+        Some("torchvision") => {
+            pretrained::torchvision_weights(config.depth, &pretrained::cache_dir(), true)?
+        }
+        Some(path) => PathBuf::from(path),
+    };
+    let (model, _report) = weights::load(model, &path)?;
+    Ok(model)
+}
+
+fn loss_function<B: Backend>(config: &TrainConfig, device: &B::Device) -> CrossEntropyLoss<B> {
+    let smoothing = config.loss.label_smoothing;
+    CrossEntropyLossConfig::new()
+        .with_smoothing((smoothing > 0.0).then_some(smoothing as f32))
+        .init(device)
+}
+
+fn epoch_summary(
+    epoch: usize,
+    position: &Position,
+    sums: &EpochSums,
+    seconds: f64,
+    schedule: &Schedule,
+    validation: Option<&Evaluation>,
+) -> EpochSummary {
+    let seen = sums.seen.max(1) as f64;
+    EpochSummary {
+        epoch: epoch + 1,
+        iteration: position.iteration,
+        lr: schedule.lr(position.iteration.saturating_sub(1)),
+        train_loss: sums.loss / seen,
+        train_accuracy: sums.correct as f64 / seen,
+        val_loss: validation.map(|v| v.loss),
+        val_top1: validation.map(|v| v.top1),
+        val_top5: validation.map(|v| v.top5),
+        seconds,
+        images_per_s: sums.seen as f64 / seconds.max(1e-9),
+        skipped_images: sums.skipped + validation.map_or(0, |v| v.skipped),
+    }
+}
+
+/// The learning rate at up to 500 evenly spread iterations, for the plot.
+fn lr_trace(schedule: &Schedule, iterations: usize) -> Vec<(usize, f64)> {
+    let step = (iterations / 500).max(1);
+    (0..iterations)
+        .step_by(step)
+        .map(|i| (i, schedule.lr(i)))
+        .collect()
+}
+
+fn save_epoch_checkpoint<B: AutodiffBackend>(
+    config: &TrainConfig,
+    run: &RunDir,
+    model: &ResNet<B>,
+    optimizer: &AnyOptimizer<ResNet<B>, B>,
+    position: &mut Position,
+    top1: Option<f64>,
+    observer: &mut dyn Observer,
+) -> Result<(), TrainError> {
+    let name = format!("epoch-{:04}", position.epoch);
+    let improved = top1.is_some_and(|t| position.best_top1.is_none_or(|best| t > best));
+    if improved {
+        position.best_top1 = top1;
+        position.best_checkpoint = Some(name.clone());
+    }
+    let dir = run.checkpoints();
+    let path = checkpoint::save(&dir, &name, model, optimizer, position)?;
+    let keep_best = config
+        .checkpoints
+        .keep_best
+        .then_some(())
+        .and(position.best_checkpoint.as_deref());
+    checkpoint::prune(&dir, config.checkpoints.keep_last, keep_best);
+    observer.event(Event::Checkpoint(&path));
+    Ok(())
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}

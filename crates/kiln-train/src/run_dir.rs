@@ -1,0 +1,265 @@
+//! The run directory `runs/<name>-<timestamp>/`: the resolved config, metrics as JSON lines and
+//! CSV, SVG plots refreshed every epoch, checkpoints, the final model and a summary.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::config::TrainConfig;
+
+/// What an epoch came to. `val_*` are absent without a validation set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochSummary {
+    /// Counted from 1, as the console shows it.
+    pub epoch: usize,
+    pub iteration: usize,
+    pub lr: f64,
+    pub train_loss: f64,
+    pub train_accuracy: f64,
+    pub val_loss: Option<f64>,
+    pub val_top1: Option<f64>,
+    pub val_top5: Option<f64>,
+    pub seconds: f64,
+    pub images_per_s: f64,
+    pub skipped_images: usize,
+}
+
+pub struct RunDir {
+    pub path: PathBuf,
+}
+
+impl RunDir {
+    /// Creates `runs_dir/<name>-<timestamp>` and writes the resolved config into it.
+    pub fn create(runs_dir: &Path, config: &TrainConfig) -> std::io::Result<Self> {
+        let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
+        let safe_name: String = config
+            .name
+            .chars()
+            .map(|c| {
+                if c.is_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let mut path = runs_dir.join(format!("{safe_name}-{stamp}"));
+        for n in 2.. {
+            if !path.exists() {
+                break;
+            }
+            path = runs_dir.join(format!("{safe_name}-{stamp}-{n}"));
+        }
+        std::fs::create_dir_all(path.join("checkpoints"))?;
+        let dir = Self { path };
+        write_atomically(&dir.config_path(), config.to_toml().as_bytes())?;
+        Ok(dir)
+    }
+
+    /// An existing run directory, for `--resume`.
+    pub fn open(path: &Path) -> Self {
+        Self {
+            path: path.to_path_buf(),
+        }
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.path.join("config.toml")
+    }
+
+    pub fn checkpoints(&self) -> PathBuf {
+        self.path.join("checkpoints")
+    }
+
+    pub fn model_path(&self) -> PathBuf {
+        self.path.join("model.safetensors")
+    }
+
+    /// The epoch summaries recorded so far.
+    pub fn history(&self) -> Vec<EpochSummary> {
+        std::fs::read_to_string(self.path.join("metrics.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
+    /// Rewrites the metrics to hold exactly `history`: the epochs a resumed run keeps.
+    pub fn write_history(
+        &self,
+        history: &[EpochSummary],
+        lr_trace: &[(usize, f64)],
+    ) -> std::io::Result<()> {
+        let mut jsonl = Vec::new();
+        for summary in history {
+            serde_json::to_writer(&mut jsonl, summary)?;
+            jsonl.push(b'\n');
+        }
+        write_atomically(&self.path.join("metrics.jsonl"), &jsonl)?;
+        let mut csv = String::from(
+            "epoch,iteration,lr,train_loss,train_accuracy,val_loss,val_top1,val_top5,seconds,images_per_s,skipped_images\n",
+        );
+        let opt = |v: Option<f64>| v.map(|v| v.to_string()).unwrap_or_default();
+        for s in history {
+            csv += &format!(
+                "{},{},{},{},{},{},{},{},{:.3},{:.1},{}\n",
+                s.epoch,
+                s.iteration,
+                s.lr,
+                s.train_loss,
+                s.train_accuracy,
+                opt(s.val_loss),
+                opt(s.val_top1),
+                opt(s.val_top5),
+                s.seconds,
+                s.images_per_s,
+                s.skipped_images
+            );
+        }
+        write_atomically(&self.path.join("metrics.csv"), csv.as_bytes())?;
+        self.plot(history, lr_trace);
+        Ok(())
+    }
+
+    /// Loss, accuracy and learning-rate plots as SVG. A plot that fails to draw is skipped:
+    /// plots are a convenience, the metrics files are the record.
+    fn plot(&self, history: &[EpochSummary], lr_trace: &[(usize, f64)]) {
+        let epochs: Vec<f64> = history.iter().map(|s| s.epoch as f64).collect();
+        let series = |f: &dyn Fn(&EpochSummary) -> Option<f64>| -> Vec<(f64, f64)> {
+            history
+                .iter()
+                .zip(&epochs)
+                .filter_map(|(s, &e)| f(s).map(|v| (e, v)))
+                .collect()
+        };
+        let _ = line_plot(
+            &self.path.join("loss.svg"),
+            "loss",
+            "epoch",
+            &[
+                ("train", series(&|s| Some(s.train_loss))),
+                ("validation", series(&|s| s.val_loss)),
+            ],
+        );
+        let _ = line_plot(
+            &self.path.join("accuracy.svg"),
+            "accuracy",
+            "epoch",
+            &[
+                ("train", series(&|s| Some(s.train_accuracy))),
+                ("validation top-1", series(&|s| s.val_top1)),
+                ("validation top-5", series(&|s| s.val_top5)),
+            ],
+        );
+        let lr: Vec<(f64, f64)> = lr_trace.iter().map(|&(i, lr)| (i as f64, lr)).collect();
+        let _ = line_plot(
+            &self.path.join("lr.svg"),
+            "learning rate",
+            "iteration",
+            &[("lr", lr)],
+        );
+    }
+
+    /// A few lines for people: where things are and how the run ended.
+    pub fn write_summary(&self, text: &str) -> std::io::Result<()> {
+        write_atomically(&self.path.join("summary.txt"), text.as_bytes())
+    }
+}
+
+/// The text of `summary.txt`.
+pub fn summary_text(
+    config: &TrainConfig,
+    run: &RunDir,
+    last: Option<&EpochSummary>,
+    model: &Path,
+) -> String {
+    let mut text = format!(
+        "run {} ({}: {}, {} epochs, batch {})\n",
+        run.path.display(),
+        config.name,
+        config.model.name,
+        config.epochs,
+        config.batch_size
+    );
+    if let Some(s) = last {
+        text += &format!(
+            "final train loss {:.4}, accuracy {:.2}%\n",
+            s.train_loss,
+            s.train_accuracy * 100.0
+        );
+        if let (Some(loss), Some(top1), Some(top5)) = (s.val_loss, s.val_top1, s.val_top5) {
+            text += &format!(
+                "final validation loss {loss:.4}, top-1 {:.2}%, top-5 {:.2}%\n",
+                top1 * 100.0,
+                top5 * 100.0
+            );
+        }
+    }
+    text += &format!(
+        "model: {} (torchvision names)\nmetrics: metrics.jsonl, metrics.csv; plots: loss.svg, accuracy.svg, lr.svg\ncheckpoints: checkpoints/\n",
+        model.display()
+    );
+    text
+}
+
+fn line_plot(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    lines: &[(&str, Vec<(f64, f64)>)],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let points = lines.iter().flat_map(|(_, l)| l.iter());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in points {
+        (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
+    }
+    if x0 > x1 {
+        return Ok(());
+    }
+    let pad = ((y1 - y0) * 0.05).max(1e-9);
+    let root = SVGBackend::new(path, (640, 400)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x0..x1.max(x0 + 1.0), (y0 - pad)..(y1 + pad))?;
+    chart.configure_mesh().x_desc(x_label).draw()?;
+    for (i, (name, line)) in lines.iter().enumerate() {
+        let colour = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                line.iter().copied(),
+                colour.stroke_width(2),
+            ))?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// Writes `bytes` to a temporary file beside `path` and renames it into place.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".partial");
+    let partial = PathBuf::from(name);
+    let result = (|| {
+        let mut file = std::fs::File::create(&partial)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&partial, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    result
+}

@@ -1,0 +1,256 @@
+//! The training engine on the CPU (flex), on a tiny ResNet and synthetic data: resuming equals
+//! not stopping, checkpoints are never read half-written, and a diverging loss stops the run.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use burn::backend::{Autodiff, Flex};
+use kiln_train::checkpoint::{self, Position};
+use kiln_train::{EpochSummary, Event, Observer, Outcome, RunDir, Silent, TrainConfig, train};
+
+type B = Autodiff<Flex>;
+
+/// burn seeds a backend's random generator process-wide, so runs in parallel tests would draw
+/// each other's initial weights; the tests here take turns.
+static ONE_RUN_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn take_turn() -> MutexGuard<'static, ()> {
+    ONE_RUN_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+const CONFIG: &str = r#"
+name = "tiny"
+seed = 3
+epochs = 3
+batch_size = 4
+[model]
+name = "resnet18"
+stem = "cifar"
+width = 4
+[data]
+source = { kind = "synthetic", train_size = 22, val_size = 8, image_size = 8, num_classes = 3 }
+workers = 2
+train_transforms = [{ op = "random_crop", size = 8, padding = 1 }, { op = "random_horizontal_flip" }]
+[optimizer]
+name = "sgd"
+lr = 0.05
+momentum = 0.9
+nesterov = true
+weight_decay = 5e-4
+[schedule]
+name = "cosine"
+warmup_epochs = 0.5
+[checkpoints]
+keep_last = 1
+"#;
+
+fn config(runs: &Path, overrides: &[&str]) -> TrainConfig {
+    let mut overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    overrides.push(format!("logging.runs_dir = '{}'", runs.display()));
+    TrainConfig::parse(CONFIG, Path::new("tiny.toml"), &overrides).unwrap()
+}
+
+/// Sets the stop flag once `after` iterations have run, as Ctrl-C would.
+struct StopAfter<'a> {
+    after: usize,
+    stop: &'a AtomicBool,
+}
+
+impl Observer for StopAfter<'_> {
+    fn event(&mut self, event: Event<'_>) {
+        if let Event::Iteration { iteration, .. } = event
+            && iteration >= self.after
+        {
+            self.stop.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The metrics that must not depend on being interrupted (times may).
+fn numbers(history: &[EpochSummary]) -> Vec<[f64; 6]> {
+    history
+        .iter()
+        .map(|s| {
+            [
+                s.epoch as f64,
+                s.lr,
+                s.train_loss,
+                s.train_accuracy,
+                s.val_loss.unwrap(),
+                s.val_top1.unwrap(),
+            ]
+        })
+        .collect()
+}
+
+#[test]
+fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
+    let _turn = take_turn();
+    let runs = tempfile::tempdir().unwrap();
+    let config = config(runs.path(), &[]);
+    let never = AtomicBool::new(false);
+
+    let whole = RunDir::create(runs.path(), &config).unwrap();
+    let outcome = train::<B>(
+        &config,
+        &whole,
+        false,
+        Default::default(),
+        &mut Silent,
+        &never,
+    );
+    assert!(matches!(outcome.unwrap(), Outcome::Finished { .. }));
+    let expected = numbers(&whole.history());
+    assert_eq!(expected.len(), 3);
+
+    // Stop in the middle of the second epoch (6 iterations an epoch), then resume twice more:
+    // once more mid-epoch, then to the end.
+    let interrupted = RunDir::create(runs.path(), &config).unwrap();
+    for (resume, after) in [(false, 8), (true, 15), (true, usize::MAX)] {
+        let stop = AtomicBool::new(false);
+        let mut observer = StopAfter { after, stop: &stop };
+        let outcome = train::<B>(
+            &config,
+            &interrupted,
+            resume,
+            Default::default(),
+            &mut observer,
+            &stop,
+        )
+        .unwrap();
+        match outcome {
+            Outcome::Stopped { checkpoint } => {
+                assert!(after < usize::MAX);
+                assert!(checkpoint.join("state.json").is_file());
+            }
+            Outcome::Finished { .. } => assert_eq!(after, usize::MAX),
+        }
+    }
+    assert_eq!(numbers(&interrupted.history()), expected);
+    assert!(interrupted.model_path().is_file());
+    for file in [
+        "config.toml",
+        "metrics.csv",
+        "loss.svg",
+        "accuracy.svg",
+        "lr.svg",
+    ] {
+        assert!(interrupted.path.join(file).is_file(), "{file}");
+    }
+}
+
+#[test]
+fn a_half_written_checkpoint_is_never_the_one_loaded() {
+    let _turn = take_turn();
+    let runs = tempfile::tempdir().unwrap();
+    let config = config(runs.path(), &["epochs = 1"]);
+    let run = RunDir::create(runs.path(), &config).unwrap();
+    let never = AtomicBool::new(false);
+    train::<B>(
+        &config,
+        &run,
+        false,
+        Default::default(),
+        &mut Silent,
+        &never,
+    )
+    .unwrap();
+    let dir = run.checkpoints();
+    let (good, position) = checkpoint::latest(&dir).unwrap();
+    assert_eq!(position.epoch, 1);
+
+    // A kill mid-write leaves a hidden staging folder, with a truncated model file and a state
+    // that claims to be newer; a folder without state is no checkpoint either.
+    let staging = dir.join(".epoch-0002.partial");
+    std::fs::create_dir_all(&staging).unwrap();
+    let model = std::fs::read(good.join("model.mpk")).unwrap();
+    std::fs::write(staging.join("model.mpk"), &model[..model.len() / 3]).unwrap();
+    let newer = Position {
+        epoch: 2,
+        iteration: 99,
+        ..position.clone()
+    };
+    std::fs::write(
+        staging.join("state.json"),
+        serde_json::to_vec(&newer).unwrap(),
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join("epoch-0003")).unwrap();
+    std::fs::write(dir.join("epoch-0003/model.mpk"), &model[..10]).unwrap();
+    assert_eq!(checkpoint::latest(&dir).unwrap().0, good);
+
+    // Resuming reads the good one (and has nothing left to do for a one-epoch run).
+    let outcome = train::<B>(&config, &run, true, Default::default(), &mut Silent, &never);
+    assert!(matches!(outcome.unwrap(), Outcome::Finished { .. }));
+}
+
+#[test]
+fn a_diverging_loss_stops_the_run_and_names_the_last_good_checkpoint() {
+    let _turn = take_turn();
+    let runs = tempfile::tempdir().unwrap();
+    let config = config(runs.path(), &["epochs = 1"]);
+    let run = RunDir::create(runs.path(), &config).unwrap();
+    let never = AtomicBool::new(false);
+    train::<B>(
+        &config,
+        &run,
+        false,
+        Default::default(),
+        &mut Silent,
+        &never,
+    )
+    .unwrap();
+
+    let exploding = self::config(
+        runs.path(),
+        &[
+            "epochs = 2",
+            "optimizer.lr = 1e30",
+            "schedule.name = constant",
+            "schedule.warmup_epochs = 0",
+        ],
+    );
+    let err = train::<B>(
+        &exploding,
+        &run,
+        true,
+        Default::default(),
+        &mut Silent,
+        &never,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("the loss became"), "{err}");
+    assert!(err.contains("epoch-0001"), "{err}");
+    assert!(err.contains("--resume"), "{err}");
+    // The good checkpoint is still there and still loads.
+    let (path, position) = checkpoint::latest(&run.checkpoints()).unwrap();
+    assert!(path.ends_with("epoch-0001") && position.epoch == 1);
+}
+
+#[test]
+fn a_checkpoint_written_on_one_backend_resumes_on_another() {
+    let _turn = take_turn();
+    let runs = tempfile::tempdir().unwrap();
+    let never = AtomicBool::new(false);
+    let first = config(runs.path(), &["epochs = 1"]);
+    let run = RunDir::create(runs.path(), &first).unwrap();
+    train::<B>(&first, &run, false, Default::default(), &mut Silent, &never).unwrap();
+
+    let longer = config(runs.path(), &["epochs = 2"]);
+    let outcome = train::<Autodiff<burn::backend::NdArray>>(
+        &longer,
+        &run,
+        true,
+        Default::default(),
+        &mut Silent,
+        &never,
+    );
+    assert!(matches!(outcome.unwrap(), Outcome::Finished { .. }));
+    let history = run.history();
+    assert_eq!(history.len(), 2);
+    assert!(history[1].train_loss.is_finite() && history[1].iteration == 12);
+}

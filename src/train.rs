@@ -1,0 +1,139 @@
+//! `kiln train` and `kiln eval`: read the config, pick the backend, run the engine.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use kiln::{BackendChoice, DeviceSelection};
+use kiln_train::{Outcome, RunDir, TrainConfig};
+
+#[derive(Args)]
+pub struct TrainArgs {
+    /// The run's config (TOML); see configs/.
+    #[arg(long, required_unless_present = "resume")]
+    config: Option<PathBuf>,
+
+    /// Continue the run in this run directory from its latest checkpoint.
+    #[arg(long, conflicts_with = "config")]
+    resume: Option<PathBuf>,
+
+    /// Override a config key, for example --set optimizer.lr=0.01 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+
+    /// auto, cuda, wgpu, vulkan, metal, flex or ndarray (default: the config's, else auto).
+    #[arg(long)]
+    backend: Option<String>,
+
+    /// One device index, a list or `all` (default: the config's, else 0).
+    #[arg(long)]
+    devices: Option<String>,
+}
+
+#[derive(Args)]
+pub struct EvalArgs {
+    /// A run directory: its config and final model (or --weights).
+    #[arg(long, required_unless_present = "config")]
+    run: Option<PathBuf>,
+
+    /// A config naming the data set and model, with --weights.
+    #[arg(long, conflicts_with = "run", requires = "weights")]
+    config: Option<PathBuf>,
+
+    /// The weights to evaluate: a kiln model.safetensors or a torchvision state dict.
+    #[arg(long)]
+    weights: Option<PathBuf>,
+
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+
+    #[arg(long)]
+    backend: Option<String>,
+
+    #[arg(long)]
+    devices: Option<String>,
+}
+
+fn device_request(
+    config: &TrainConfig,
+    backend: Option<&str>,
+    devices: Option<&str>,
+) -> anyhow::Result<(BackendChoice, DeviceSelection)> {
+    let backend = backend.unwrap_or(&config.device.backend).parse()?;
+    let devices = devices.unwrap_or(&config.device.devices).parse()?;
+    Ok((backend, devices))
+}
+
+pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
+    let (config, run, resume) = match (&args.config, &args.resume) {
+        (_, Some(dir)) => {
+            let run = RunDir::open(dir);
+            if !run.config_path().is_file() {
+                bail!(
+                    "{} is not a kiln run directory (it has no config.toml)",
+                    dir.display()
+                );
+            }
+            let config = TrainConfig::load(&run.config_path(), &args.overrides)?;
+            (config, run, true)
+        }
+        (Some(path), None) => {
+            let config = TrainConfig::load(path, &args.overrides)?;
+            let runs = &config.logging.runs_dir;
+            let run = RunDir::create(runs, &config)
+                .with_context(|| format!("creating a run directory in {}", runs.display()))?;
+            (config, run, false)
+        }
+        (None, None) => bail!("give --config <file> or --resume <run directory>"),
+    };
+    let (backend, devices) =
+        device_request(&config, args.backend.as_deref(), args.devices.as_deref())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    // The first Ctrl-C finishes the step and checkpoints; a second one ends at once.
+    ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        eprintln!("\nstopping after this step (Ctrl-C again to quit at once)");
+    })
+    .context("installing the Ctrl-C handler")?;
+    let outcome = kiln::train(&config, &run, resume, backend, &devices, stop)?;
+    if let Outcome::Finished { last, .. } = outcome
+        && let Some(top1) = last.and_then(|s| s.val_top1)
+    {
+        println!("validation top-1: {:.2}%", top1 * 100.0);
+    }
+    Ok(())
+}
+
+pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
+    let (config, weights) = match (&args.run, &args.config, &args.weights) {
+        (Some(dir), _, weights) => {
+            let run = RunDir::open(dir);
+            let config = TrainConfig::load(&run.config_path(), &args.overrides)?;
+            (config, weights.clone().unwrap_or_else(|| run.model_path()))
+        }
+        (None, Some(path), Some(weights)) => {
+            (TrainConfig::load(path, &args.overrides)?, weights.clone())
+        }
+        _ => bail!("give --run <run directory>, or --config <file> --weights <file>"),
+    };
+    let (backend, devices) =
+        device_request(&config, args.backend.as_deref(), args.devices.as_deref())?;
+    let result = kiln::evaluate(&config, weights, backend, &devices)?;
+    let skipped = match result.skipped {
+        0 => String::new(),
+        n => format!(", {n} images skipped"),
+    };
+    println!(
+        "{} images: loss {:.4}, top-1 {:.2}%, top-5 {:.2}%{skipped}",
+        result.images,
+        result.loss,
+        result.top1 * 100.0,
+        result.top5 * 100.0
+    );
+    Ok(())
+}

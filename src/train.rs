@@ -19,6 +19,13 @@ pub struct TrainArgs {
     #[arg(long, conflicts_with = "config")]
     resume: Option<PathBuf>,
 
+    #[command(flatten)]
+    options: ConfigOptions,
+}
+
+/// What both `train` and `eval` take besides the config: overrides and where to run.
+#[derive(Args)]
+struct ConfigOptions {
     /// Override a config key, for example --set optimizer.lr=0.01 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
@@ -46,24 +53,20 @@ pub struct EvalArgs {
     #[arg(long)]
     weights: Option<PathBuf>,
 
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    overrides: Vec<String>,
-
-    #[arg(long)]
-    backend: Option<String>,
-
-    #[arg(long)]
-    devices: Option<String>,
+    #[command(flatten)]
+    options: ConfigOptions,
 }
 
-fn device_request(
-    config: &TrainConfig,
-    backend: Option<&str>,
-    devices: Option<&str>,
-) -> anyhow::Result<(BackendChoice, DeviceSelection)> {
-    let backend = backend.unwrap_or(&config.device.backend).parse()?;
-    let devices = devices.unwrap_or(&config.device.devices).parse()?;
-    Ok((backend, devices))
+impl ConfigOptions {
+    /// The backend and devices: the command line's, else the config's.
+    fn device_request(
+        &self,
+        config: &TrainConfig,
+    ) -> anyhow::Result<(BackendChoice, DeviceSelection)> {
+        let backend = self.backend.as_deref().unwrap_or(&config.device.backend);
+        let devices = self.devices.as_deref().unwrap_or(&config.device.devices);
+        Ok((backend.parse()?, devices.parse()?))
+    }
 }
 
 pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
@@ -76,11 +79,11 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
                     dir.display()
                 );
             }
-            let config = TrainConfig::load(&run.config_path(), &args.overrides)?;
+            let config = TrainConfig::load(&run.config_path(), &args.options.overrides)?;
             (config, run, true)
         }
         (Some(path), None) => {
-            let config = TrainConfig::load(path, &args.overrides)?;
+            let config = TrainConfig::load(path, &args.options.overrides)?;
             let runs = &config.logging.runs_dir;
             let run = RunDir::create(runs, &config)
                 .with_context(|| format!("creating a run directory in {}", runs.display()))?;
@@ -88,8 +91,7 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         }
         (None, None) => bail!("give --config <file> or --resume <run directory>"),
     };
-    let (backend, devices) =
-        device_request(&config, args.backend.as_deref(), args.devices.as_deref())?;
+    let (backend, devices) = args.options.device_request(&config)?;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     // The first Ctrl-C finishes the step and checkpoints; a second one ends at once.
@@ -113,16 +115,16 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
     let (config, weights) = match (&args.run, &args.config, &args.weights) {
         (Some(dir), _, weights) => {
             let run = RunDir::open(dir);
-            let config = TrainConfig::load(&run.config_path(), &args.overrides)?;
+            let config = TrainConfig::load(&run.config_path(), &args.options.overrides)?;
             (config, weights.clone().unwrap_or_else(|| run.model_path()))
         }
-        (None, Some(path), Some(weights)) => {
-            (TrainConfig::load(path, &args.overrides)?, weights.clone())
-        }
+        (None, Some(path), Some(weights)) => (
+            TrainConfig::load(path, &args.options.overrides)?,
+            weights.clone(),
+        ),
         _ => bail!("give --run <run directory>, or --config <file> --weights <file>"),
     };
-    let (backend, devices) =
-        device_request(&config, args.backend.as_deref(), args.devices.as_deref())?;
+    let (backend, devices) = args.options.device_request(&config)?;
     let result = kiln::evaluate(&config, weights, backend, &devices)?;
     let skipped = match result.skipped {
         0 => String::new(),

@@ -1,27 +1,14 @@
 //! The `kiln` binary as a user runs it: exit codes and the one line an error gets.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .expect("the kiln binary runs")
-}
+use std::path::Path;
+use std::process::Output;
+
+use common::{errors, kiln};
 
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// kiln's own error lines, without what graphics drivers print on their own.
-fn errors(output: &Output) -> Vec<String> {
-    String::from_utf8_lossy(&output.stderr)
-        .lines()
-        .filter(|l| !l.contains("XDG_RUNTIME_DIR"))
-        .map(String::from)
-        .collect()
 }
 
 fn fixture(name: &str) -> String {

@@ -1,26 +1,11 @@
 //! `kiln train` and `kiln eval` as a user runs them: the quickstart reaches its accuracy, every
 //! shipped config runs one iteration on tiny synthetic data, config mistakes get one line.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .expect("the kiln binary runs")
-}
-
-/// kiln's own lines on standard error, without what graphics drivers print on their own.
-fn errors(output: &Output) -> Vec<String> {
-    String::from_utf8_lossy(&output.stderr)
-        .lines()
-        .filter(|l| !l.contains("XDG_RUNTIME_DIR"))
-        .map(String::from)
-        .collect()
-}
+use common::{errors, kiln};
 
 /// The single run directory under `runs`.
 fn run_dir(runs: &Path) -> PathBuf {

@@ -102,7 +102,12 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         eprintln!("\nstopping after this step (Ctrl-C again to quit at once)");
     })
     .context("installing the Ctrl-C handler")?;
-    let outcome = kiln::train(&config, &run, resume, backend, &devices, stop)?;
+    let result = kiln::train(&config, &run, resume, backend, &devices, stop);
+    if result.is_err() && !resume && run.is_empty() {
+        // Nothing was recorded (a bad data path, a missing driver): leave no empty run behind.
+        let _ = std::fs::remove_dir_all(&run.path);
+    }
+    let outcome = result?;
     if let Outcome::Finished { last, .. } = outcome
         && let Some(top1) = last.and_then(|s| s.val_top1)
     {

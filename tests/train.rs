@@ -140,4 +140,6 @@ fn config_mistakes_end_with_one_line_naming_the_key() {
             "{lines:?}"
         );
     }
+    // Nothing ran, so no run directory was left behind.
+    assert_eq!(std::fs::read_dir(runs.path()).unwrap().count(), 0);
 }

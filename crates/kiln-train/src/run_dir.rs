@@ -65,6 +65,12 @@ impl RunDir {
         }
     }
 
+    /// Whether nothing but the config has been written: no metrics, no checkpoint.
+    pub fn is_empty(&self) -> bool {
+        !self.path.join("metrics.jsonl").exists()
+            && std::fs::read_dir(self.checkpoints()).map_or(true, |mut d| d.next().is_none())
+    }
+
     pub fn config_path(&self) -> PathBuf {
         self.path.join("config.toml")
     }

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use kiln_backend::{BackendTask, probe, resolve, run_on};
+use kiln_backend::{BackendTask, MemoryMeter, probe, resolve, run_on};
 use kiln_models::weights;
 use kiln_train::engine::{Evaluation, build_model, loaders};
 use kiln_train::progress::Console;
@@ -37,6 +37,7 @@ pub fn train(
         config: config.clone(),
         run: RunDir::open(&run.path),
         resume,
+        memory: MemoryMeter::for_device(&resolved),
         stop,
     };
     Ok(run_on(&resolved, task)??)
@@ -46,13 +47,14 @@ struct Train {
     config: TrainConfig,
     run: RunDir,
     resume: bool,
+    memory: MemoryMeter,
     stop: Arc<AtomicBool>,
 }
 
 impl BackendTask for Train {
     type Output = Result<Outcome, TrainError>;
 
-    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output {
+    fn run<B: AutodiffBackend>(mut self, devices: Vec<B::Device>) -> Self::Output {
         let mut console = Console::new(self.config.logging.print_every);
         let device = devices
             .into_iter()
@@ -63,6 +65,7 @@ impl BackendTask for Train {
             &self.run,
             self.resume,
             device,
+            &mut self.memory,
             &mut console,
             &self.stop,
         )?;

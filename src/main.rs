@@ -1,5 +1,6 @@
 //! The `kiln` command line: parse, pick the backend, call one library function.
 
+mod check;
 mod devices;
 mod predict;
 mod train;
@@ -45,6 +46,19 @@ enum Command {
         after_help = "Examples:\n  kiln eval --run runs/quickstart-20261130-120000\n  kiln eval --config configs/imagefolder-resnet50.toml --weights resnet50.pth"
     )]
     Eval(train::EvalArgs),
+
+    /// Check that backends agree: the same weights and batch on each, every stage of a training
+    /// step compared with a reference backend.
+    #[command(
+        after_help = "Examples:\n  kiln compare --backends flex,ndarray,wgpu\n  kiln compare --backends cuda,flex --reference flex --model resnet50 --width 64 --image-size 64"
+    )]
+    Compare(check::CompareArgs),
+
+    /// Measure training and inference throughput, step time and peak memory.
+    #[command(
+        after_help = "Examples:\n  kiln bench\n  kiln bench --backends cuda --models resnet50 --batches 64,256 --reference torch.json\n\nFor PyTorch's figures beside kiln's, run `cargo xtask bench`."
+    )]
+    Bench(check::BenchArgs),
 }
 
 /// Where to run: shared by every command that touches a device.
@@ -73,6 +87,8 @@ fn main() -> ExitCode {
         Command::Predict(args) => predict::run(args),
         Command::Train(args) => train::run_train(args),
         Command::Eval(args) => train::run_eval(args),
+        Command::Compare(args) => check::run_compare(args),
+        Command::Bench(args) => check::run_bench(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -186,11 +186,7 @@ fn torchvision_images_per_second(
     passes: usize,
 ) -> anyhow::Result<Option<f64>> {
     let python = crate::python(root);
-    let importable = Command::new(&python)
-        .args(["-c", "import torch, torchvision"])
-        .output()
-        .is_ok_and(|out| out.status.success());
-    if !importable {
+    if !crate::torch_importable(&python) {
         return Ok(None);
     }
     let script = root.join("xtask/scripts/bench_torchvision_data.py");

@@ -3,9 +3,16 @@
 //! - `lint`: rustfmt check and clippy with warnings as errors, as CI expects them.
 //! - `fixtures`: regenerate the PyTorch parity fixtures in `tests/fixtures/` (needs a `.venv`
 //!   with torch, torchvision and safetensors).
+//! - `compare [kiln compare options]`: builds kiln with the backends asked for and checks that
+//!   they agree (`kiln compare`); CI runs it with flex, ndarray and wgpu.
+//! - `bench [--no-data] [kiln bench options]`: training and inference throughput against
+//!   PyTorch in the same run, then `bench data`.
 //! - `bench data`: the data pipeline's images/s per core against torchvision's.
+//! - `gpu-check --carry-dir DIR [--dry-run]`: a folder that checks kiln on an NVIDIA machine.
 
 mod bench_data;
+mod bench_models;
+mod gpu_check;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,8 +30,13 @@ fn main() -> anyhow::Result<()> {
     {
         ["lint"] => lint(&root),
         ["fixtures"] => fixtures(&root),
+        ["compare", ..] => compare(&root, &args[1..]),
         ["bench", "data", ..] => bench_data::run(&root, &args[2..]),
-        _ => bail!("usage: cargo xtask <lint | fixtures | bench data [--count N] [--passes N]>"),
+        ["bench", ..] => bench_models::run(&root, &args[1..]),
+        ["gpu-check", ..] => gpu_check::run(&root, &args[1..]),
+        _ => bail!(
+            "usage: cargo xtask <lint | fixtures | compare [--backends flex,ndarray,wgpu ...] | bench [--no-data] [--backends ...] | bench data [--count N] [--passes N] | gpu-check --carry-dir DIR [--dry-run]>"
+        ),
     }
 }
 
@@ -78,6 +90,68 @@ fn fixtures(root: &Path) -> anyhow::Result<()> {
         &python.to_string_lossy(),
         &[&script.to_string_lossy()],
     )
+}
+
+/// `cargo xtask compare`: `kiln compare` built with the backends it names.
+fn compare(root: &Path, args: &[String]) -> anyhow::Result<()> {
+    let backends = args
+        .iter()
+        .position(|a| a == "--backends")
+        .and_then(|i| args.get(i + 1))
+        .map_or_else(
+            || vec!["flex".to_string(), "ndarray".into(), "wgpu".into()],
+            |list| list.split(',').map(str::to_string).collect(),
+        );
+    let kiln = build_kiln(root, &features_for(&backends))?;
+    let mut command = Command::new(kiln);
+    command.arg("compare").args(args);
+    if !args.iter().any(|a| a == "--backends") {
+        command.args(["--backends", &backends.join(",")]);
+    }
+    let status = command.status().context("cannot start kiln compare")?;
+    if !status.success() {
+        bail!("kiln compare failed ({status})");
+    }
+    Ok(())
+}
+
+/// The `kiln` features that the named backends need beyond the default (wgpu and flex).
+fn features_for(backends: &[String]) -> Vec<&'static str> {
+    let mut features = Vec::new();
+    if backends.iter().any(|b| b == "ndarray") {
+        features.push("ndarray");
+    }
+    if backends.iter().any(|b| b == "cuda") {
+        features.push("cuda");
+    }
+    features
+}
+
+/// Whether this machine has an NVIDIA driver (and so possibly GPUs for the cuda backend).
+fn has_nvidia_gpu() -> bool {
+    Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .is_ok_and(|out| out.status.success())
+}
+
+/// Builds the `kiln` binary in release mode with `features` and returns its path.
+fn build_kiln(root: &Path, features: &[&str]) -> anyhow::Result<PathBuf> {
+    let mut args = vec!["build", "--release", "--package", "kiln", "--bin", "kiln"];
+    let joined = features.join(",");
+    if !features.is_empty() {
+        args.extend(["--features", &joined]);
+    }
+    run(root, "cargo", &args)?;
+    Ok(root.join("target/release/kiln"))
+}
+
+/// Whether `python` can import torch and torchvision.
+fn torch_importable(python: &Path) -> bool {
+    Command::new(python)
+        .args(["-c", "import torch, torchvision"])
+        .output()
+        .is_ok_and(|out| out.status.success())
 }
 
 fn run(root: &Path, program: &str, args: &[&str]) -> anyhow::Result<()> {

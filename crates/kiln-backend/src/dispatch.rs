@@ -44,12 +44,12 @@ fn map<D>(devices: &[DeviceInfo], f: impl Fn(&DeviceInfo) -> D) -> Vec<D> {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_device(info: &DeviceInfo) -> burn::backend::cuda::CudaDevice {
+pub(crate) fn cuda_device(info: &DeviceInfo) -> burn::backend::cuda::CudaDevice {
     burn::backend::cuda::CudaDevice::new(info.ordinal)
 }
 
 #[cfg(feature = "wgpu")]
-fn wgpu_device(info: &DeviceInfo) -> burn::backend::wgpu::WgpuDevice {
+pub(crate) fn wgpu_device(info: &DeviceInfo) -> burn::backend::wgpu::WgpuDevice {
     use crate::DeviceKind;
     use burn::backend::wgpu::WgpuDevice;
     match info.kind {

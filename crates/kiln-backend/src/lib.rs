@@ -8,11 +8,13 @@
 mod choice;
 mod dispatch;
 mod error;
+mod memory;
 mod probe;
 
 pub use choice::{Backend, BackendChoice, DeviceSelection};
 pub use dispatch::{BackendTask, run_on};
 pub use error::BackendError;
+pub use memory::MemoryMeter;
 pub use probe::{BackendReport, DeviceInfo, DeviceKind, Probe, probe};
 
 /// A backend and the devices on it that a run will use.

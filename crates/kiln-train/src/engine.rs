@@ -11,6 +11,7 @@ use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor};
+use kiln_backend::MemoryMeter;
 use kiln_data::{DataError, ImageLimits, Loader, LoaderConfig, Pipeline};
 use kiln_models::pretrained::{self, PretrainedError};
 use kiln_models::weights::{self, WeightsError};
@@ -105,13 +106,15 @@ pub enum Outcome {
 }
 
 /// Trains `config` on `device`, writing into `run`. With `resume`, continues from the run's
-/// latest checkpoint. `stop` (set by Ctrl-C) ends the run after the current step with a
-/// checkpoint.
+/// latest checkpoint. `memory` measures the device for each epoch's summary. `stop` (set by
+/// Ctrl-C) ends the run after the current step with a checkpoint.
+#[allow(clippy::too_many_arguments)]
 pub fn train<B: AutodiffBackend>(
     config: &TrainConfig,
     run: &RunDir,
     resume: bool,
     device: B::Device,
+    memory: &mut MemoryMeter,
     observer: &mut dyn Observer,
     stop: &AtomicBool,
 ) -> Result<Outcome, TrainError> {
@@ -150,6 +153,7 @@ pub fn train<B: AutodiffBackend>(
 
     for epoch in position.epoch..config.epochs {
         let clock = Instant::now();
+        memory.reset_peak();
         let host = train_loader.epoch_from(epoch as u64, position.batch);
         for batch in Uploaded::<B, _>::new(host, device.clone()) {
             let batch = batch?;
@@ -165,6 +169,7 @@ pub fn train<B: AutodiffBackend>(
             let images = batch.len();
             let (next, loss, correct) = train_step(model, &mut optimizer, &loss_fn, batch, lr);
             model = next;
+            memory.sample();
             if !loss.is_finite() {
                 return Err(TrainError::NonFinite {
                     epoch: epoch + 1,
@@ -204,7 +209,7 @@ pub fn train<B: AutodiffBackend>(
         };
         let sums = std::mem::take(&mut position.sums);
         let seconds = sums.seconds + clock.elapsed().as_secs_f64();
-        let summary = epoch_summary(
+        let mut summary = epoch_summary(
             epoch,
             &position,
             &sums,
@@ -212,6 +217,7 @@ pub fn train<B: AutodiffBackend>(
             &schedule,
             validation.as_ref(),
         );
+        summary.peak_memory_bytes = memory.peak_bytes();
         history.push(summary.clone());
         position.epoch = epoch + 1;
         position.batch = 0;
@@ -242,8 +248,9 @@ pub fn train<B: AutodiffBackend>(
 }
 
 /// One optimizer step: forward, loss, backward, update. Returns the updated model, the batch's
-/// mean loss and how many images it classified correctly.
-fn train_step<B: AutodiffBackend>(
+/// mean loss and how many images it classified correctly. Public so that benchmarks time
+/// exactly the step that training runs.
+pub fn train_step<B: AutodiffBackend>(
     model: ResNet<B>,
     optimizer: &mut AnyOptimizer<ResNet<B>, B>,
     loss_fn: &CrossEntropyLoss<B>,
@@ -401,6 +408,7 @@ fn epoch_summary(
         seconds,
         images_per_s: sums.seen as f64 / seconds.max(1e-9),
         skipped_images: sums.skipped + validation.map_or(0, |v| v.skipped),
+        peak_memory_bytes: None,
     }
 }
 

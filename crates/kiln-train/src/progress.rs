@@ -8,6 +8,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::engine::{Event, Observer};
 
+const GIB: f64 = (1u64 << 30) as f64;
+
 pub struct Console {
     print_every: usize,
     bar: Option<ProgressBar>,
@@ -125,8 +127,12 @@ impl Observer for Console {
                     0 => String::new(),
                     n => format!(", {n} images skipped"),
                 };
+                let memory = summary
+                    .peak_memory_bytes
+                    .map(|b| format!(", peak memory {:.2} GiB", b as f64 / GIB))
+                    .unwrap_or_default();
                 self.line(format!(
-                    "epoch {}: train loss {:.4} accuracy {:.2}%{val}, {:.1} s, {:.0} img/s{skipped}",
+                    "epoch {}: train loss {:.4} accuracy {:.2}%{val}, {:.1} s, {:.0} img/s{memory}{skipped}",
                     summary.epoch,
                     summary.train_loss,
                     summary.train_accuracy * 100.0,

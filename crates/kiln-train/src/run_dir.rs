@@ -24,6 +24,10 @@ pub struct EpochSummary {
     pub seconds: f64,
     pub images_per_s: f64,
     pub skipped_images: usize,
+    /// The epoch's peak memory (see `kiln_backend::MemoryMeter`); absent where the device
+    /// cannot tell, and in runs recorded before kiln measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
 }
 
 pub struct RunDir {
@@ -105,12 +109,12 @@ impl RunDir {
         }
         write_atomically(&self.path.join("metrics.jsonl"), &jsonl)?;
         let mut csv = String::from(
-            "epoch,iteration,lr,train_loss,train_accuracy,val_loss,val_top1,val_top5,seconds,images_per_s,skipped_images\n",
+            "epoch,iteration,lr,train_loss,train_accuracy,val_loss,val_top1,val_top5,seconds,images_per_s,skipped_images,peak_memory_bytes\n",
         );
         let opt = |v: Option<f64>| v.map(|v| v.to_string()).unwrap_or_default();
         for s in history {
             csv += &format!(
-                "{},{},{},{},{},{},{},{},{:.3},{:.1},{}\n",
+                "{},{},{},{},{},{},{},{},{:.3},{:.1},{},{}\n",
                 s.epoch,
                 s.iteration,
                 s.lr,
@@ -121,7 +125,10 @@ impl RunDir {
                 opt(s.val_top5),
                 s.seconds,
                 s.images_per_s,
-                s.skipped_images
+                s.skipped_images,
+                s.peak_memory_bytes
+                    .map(|b| b.to_string())
+                    .unwrap_or_default()
             );
         }
         write_atomically(&self.path.join("metrics.csv"), csv.as_bytes())?;

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use burn::backend::{Autodiff, Flex};
+use kiln_backend::MemoryMeter;
 use kiln_train::checkpoint::{self, Position};
 use kiln_train::{EpochSummary, Event, Observer, Outcome, RunDir, Silent, TrainConfig, train};
 
@@ -99,6 +100,7 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
         &whole,
         false,
         Default::default(),
+        &mut MemoryMeter::none(),
         &mut Silent,
         &never,
     );
@@ -117,6 +119,7 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
             &interrupted,
             resume,
             Default::default(),
+            &mut MemoryMeter::none(),
             &mut observer,
             &stop,
         )
@@ -154,6 +157,7 @@ fn a_half_written_checkpoint_is_never_the_one_loaded() {
         &run,
         false,
         Default::default(),
+        &mut MemoryMeter::none(),
         &mut Silent,
         &never,
     )
@@ -183,7 +187,15 @@ fn a_half_written_checkpoint_is_never_the_one_loaded() {
     assert_eq!(checkpoint::latest(&dir).unwrap().0, good);
 
     // Resuming reads the good one (and has nothing left to do for a one-epoch run).
-    let outcome = train::<B>(&config, &run, true, Default::default(), &mut Silent, &never);
+    let outcome = train::<B>(
+        &config,
+        &run,
+        true,
+        Default::default(),
+        &mut MemoryMeter::none(),
+        &mut Silent,
+        &never,
+    );
     assert!(matches!(outcome.unwrap(), Outcome::Finished { .. }));
 }
 
@@ -199,6 +211,7 @@ fn a_diverging_loss_stops_the_run_and_names_the_last_good_checkpoint() {
         &run,
         false,
         Default::default(),
+        &mut MemoryMeter::none(),
         &mut Silent,
         &never,
     )
@@ -218,6 +231,7 @@ fn a_diverging_loss_stops_the_run_and_names_the_last_good_checkpoint() {
         &run,
         true,
         Default::default(),
+        &mut MemoryMeter::none(),
         &mut Silent,
         &never,
     )
@@ -238,7 +252,16 @@ fn a_checkpoint_written_on_one_backend_resumes_on_another() {
     let never = AtomicBool::new(false);
     let first = config(runs.path(), &["epochs = 1"]);
     let run = RunDir::create(runs.path(), &first).unwrap();
-    train::<B>(&first, &run, false, Default::default(), &mut Silent, &never).unwrap();
+    train::<B>(
+        &first,
+        &run,
+        false,
+        Default::default(),
+        &mut MemoryMeter::none(),
+        &mut Silent,
+        &never,
+    )
+    .unwrap();
 
     let longer = config(runs.path(), &["epochs = 2"]);
     let outcome = train::<Autodiff<burn::backend::NdArray>>(
@@ -246,6 +269,7 @@ fn a_checkpoint_written_on_one_backend_resumes_on_another() {
         &run,
         true,
         Default::default(),
+        &mut MemoryMeter::none(),
         &mut Silent,
         &never,
     );

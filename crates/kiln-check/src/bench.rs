@@ -1,0 +1,316 @@
+//! Throughput, step time and peak memory of training and inference, measured the way PyTorch
+//! users measure it (`xtask/scripts/bench_torch.py` does the same in PyTorch): a fixed batch
+//! already on the device, warm-up steps first, then timed steps, each ending with the host
+//! waiting for the device.
+
+use std::time::Instant;
+
+use burn::module::AutodiffModule;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Int, Tensor, TensorData};
+use kiln_backend::MemoryMeter;
+use kiln_models::{ResNet, ResNetConfig, Stem};
+use kiln_train::batch::DeviceBatch;
+use kiln_train::config::OptimizerConfig;
+use kiln_train::engine::train_step;
+use kiln_train::optim::AnyOptimizer;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::CheckError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Forward, loss, backward and an SGD-with-momentum update.
+    Train,
+    /// Forward in eval mode.
+    Infer,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Train => "train",
+            Mode::Infer => "infer",
+        }
+    }
+}
+
+/// A benchmark network as people train it: `resnet18-cifar` (CIFAR stem, 32x32, 10 classes) or
+/// `resnetNN` (torchvision's, 224x224, 1000 classes).
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub name: String,
+    pub model: ResNetConfig,
+    pub image_size: usize,
+}
+
+impl Workload {
+    pub fn parse(name: &str) -> Result<Self, String> {
+        let (base, cifar) = match name.strip_suffix("-cifar") {
+            Some(base) => (base, true),
+            None => (name, false),
+        };
+        let model = ResNetConfig::from_name(base).map_err(|e| {
+            format!("{e}; benchmark models are resnet18 ... resnet152, optionally with -cifar")
+        })?;
+        let (model, image_size) = if cifar {
+            (model.with_stem(Stem::Cifar).with_num_classes(10), 32)
+        } else {
+            (model, 224)
+        };
+        Ok(Self {
+            name: name.to_string(),
+            model,
+            image_size,
+        })
+    }
+
+    /// Batch sizes worth measuring when none are given: a small and a large one for the size.
+    pub fn default_batches(&self) -> Vec<usize> {
+        if self.image_size <= 64 {
+            vec![32, 128]
+        } else {
+            vec![16, 64]
+        }
+    }
+}
+
+/// How long to measure: `warmup` untimed steps (kernel compilation, autotuning, allocator
+/// growth), then at least `min_steps` timed ones and at least `min_seconds`, at most `max_steps`.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    pub warmup: usize,
+    pub min_steps: usize,
+    pub min_seconds: f64,
+    pub max_steps: usize,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self {
+            warmup: 2,
+            min_steps: 3,
+            min_seconds: 3.0,
+            max_steps: 200,
+        }
+    }
+}
+
+/// One row of a benchmark, from kiln or from PyTorch; the JSON that both write.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Measurement {
+    /// `kiln` or `pytorch`.
+    pub framework: String,
+    /// kiln's backend (`flex`, `cuda`, ...) or PyTorch's variant (`eager`, `channels_last+bf16`).
+    pub variant: String,
+    /// `cpu` or `gpu`: rows are compared only with rows of the same class.
+    pub device_class: String,
+    pub device: String,
+    pub model: String,
+    pub image_size: usize,
+    pub batch: usize,
+    pub mode: Mode,
+    pub images_per_s: f64,
+    /// Median over the timed steps.
+    pub step_ms: f64,
+    pub steps: usize,
+    pub peak_memory_bytes: Option<u64>,
+}
+
+/// What a measurement ran on, for its row.
+pub struct Target<'a> {
+    pub backend: &'a str,
+    pub device: &'a str,
+    pub device_class: &'a str,
+}
+
+/// Measures one workload at one batch size on `device`.
+pub fn measure<B: AutodiffBackend>(
+    workload: &Workload,
+    batch_size: usize,
+    mode: Mode,
+    budget: Budget,
+    target: &Target,
+    device: &B::Device,
+    memory: &mut MemoryMeter,
+) -> Result<Measurement, CheckError> {
+    memory.reset_peak();
+    B::seed(device, 0);
+    let model: ResNet<B> = workload.model.init(device)?;
+    let batch = random_batch::<B>(workload, batch_size, device);
+    let step_ms = match mode {
+        Mode::Train => time_training(model, batch, budget, device, memory),
+        Mode::Infer => time_inference(model.valid(), batch.images.inner(), budget, memory),
+    };
+    let median = median(&step_ms);
+    Ok(Measurement {
+        framework: "kiln".into(),
+        variant: target.backend.into(),
+        device_class: target.device_class.into(),
+        device: target.device.into(),
+        model: workload.name.clone(),
+        image_size: workload.image_size,
+        batch: batch_size,
+        mode,
+        images_per_s: batch_size as f64 * step_ms.len() as f64 / step_ms.iter().sum::<f64>()
+            * 1000.0,
+        step_ms: median,
+        steps: step_ms.len(),
+        peak_memory_bytes: memory.peak_bytes(),
+    })
+}
+
+/// The training step the engine runs, with SGD and momentum; a step ends when its loss has
+/// reached the host.
+fn time_training<B: AutodiffBackend>(
+    mut model: ResNet<B>,
+    batch: DeviceBatch<B>,
+    budget: Budget,
+    device: &B::Device,
+    memory: &mut MemoryMeter,
+) -> Vec<f64> {
+    let mut config = OptimizerConfig::sgd(0.01);
+    config.momentum = 0.9;
+    let mut optimizer = AnyOptimizer::<ResNet<B>, B>::new(&config);
+    let loss_fn = CrossEntropyLossConfig::new().init(device);
+    timed_steps(budget, memory, || {
+        let step_batch = DeviceBatch {
+            images: batch.images.clone(),
+            labels: batch.labels.clone(),
+            skipped: Vec::new(),
+        };
+        let (next, _, _) = train_step(model.clone(), &mut optimizer, &loss_fn, step_batch, 0.01);
+        model = next;
+    })
+}
+
+/// Eval-mode forward passes; a step ends when the predicted classes have reached the host.
+fn time_inference<B: burn::tensor::backend::Backend>(
+    model: ResNet<B>,
+    images: Tensor<B, 4>,
+    budget: Budget,
+    memory: &mut MemoryMeter,
+) -> Vec<f64> {
+    timed_steps(budget, memory, || {
+        let classes = model.forward(images.clone()).argmax(1);
+        let _ = classes.into_data();
+    })
+}
+
+/// Runs `step` through the warm-up and then as often as the budget says, timing each.
+fn timed_steps(budget: Budget, memory: &mut MemoryMeter, mut step: impl FnMut()) -> Vec<f64> {
+    for _ in 0..budget.warmup {
+        step();
+        memory.sample();
+    }
+    let start = Instant::now();
+    let mut times = Vec::new();
+    while times.len() < budget.max_steps
+        && (times.len() < budget.min_steps || start.elapsed().as_secs_f64() < budget.min_seconds)
+    {
+        let clock = Instant::now();
+        step();
+        times.push(clock.elapsed().as_secs_f64() * 1000.0);
+        memory.sample();
+    }
+    times
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Normalised-looking noise and random labels, fixed for the whole measurement.
+fn random_batch<B: AutodiffBackend>(
+    workload: &Workload,
+    batch: usize,
+    device: &B::Device,
+) -> DeviceBatch<B> {
+    let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(0);
+    let shape = [batch, 3, workload.image_size, workload.image_size];
+    let pixels: Vec<f32> = (0..shape.iter().product::<usize>())
+        .map(|_| rng.random_range(-2.0..2.0))
+        .collect();
+    let labels: Vec<i64> = (0..batch)
+        .map(|_| rng.random_range(0..workload.model.num_classes as i64))
+        .collect();
+    DeviceBatch {
+        images: Tensor::from_data(TensorData::new(pixels, shape), device),
+        labels: Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [batch]), device),
+        skipped: Vec::new(),
+    }
+}
+
+/// A markdown table of kiln's rows, each beside the PyTorch rows of the same workload on the
+/// same class of device, with the ratio kiln / PyTorch of images per second.
+pub fn markdown(kiln: &[Measurement], pytorch: &[Measurement]) -> String {
+    let variants: std::collections::BTreeSet<&str> =
+        pytorch.iter().map(|m| m.variant.as_str()).collect();
+    let mut out = String::from(
+        "| backend | device | model | batch | mode | kiln img/s | step ms | peak memory |",
+    );
+    let mut rule = String::from("|---|---|---|---|---|---:|---:|---:|");
+    for variant in &variants {
+        out += &format!(" PyTorch {variant} img/s | kiln / PyTorch | PyTorch peak memory |");
+        rule += "---:|---:|---:|";
+    }
+    out += "\n";
+    out += &rule;
+    out += "\n";
+    for row in kiln {
+        out += &format!(
+            "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {} |",
+            row.variant,
+            row.device,
+            row.model,
+            row.batch,
+            row.mode.name(),
+            row.images_per_s,
+            row.step_ms,
+            format_bytes(row.peak_memory_bytes)
+        );
+        for variant in &variants {
+            match pytorch
+                .iter()
+                .find(|p| p.variant == *variant && p.same_workload(row))
+            {
+                Some(p) => {
+                    out += &format!(
+                        " {:.1} | {:.2}x | {} |",
+                        p.images_per_s,
+                        row.images_per_s / p.images_per_s,
+                        format_bytes(p.peak_memory_bytes)
+                    )
+                }
+                None => out += " | | |",
+            }
+        }
+        out += "\n";
+    }
+    out
+}
+
+impl Measurement {
+    /// The same model, input, batch and mode on the same class of device.
+    pub fn same_workload(&self, other: &Measurement) -> bool {
+        self.device_class == other.device_class
+            && self.model == other.model
+            && self.image_size == other.image_size
+            && self.batch == other.batch
+            && self.mode == other.mode
+    }
+}
+
+/// Bytes as MiB or GiB; `n/a` where the device could not tell.
+pub fn format_bytes(bytes: Option<u64>) -> String {
+    match bytes {
+        Some(b) if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),
+        Some(b) => format!("{:.0} MiB", b as f64 / (1u64 << 20) as f64),
+        None => "n/a".into(),
+    }
+}

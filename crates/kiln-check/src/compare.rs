@@ -1,0 +1,309 @@
+//! The same numbers on every backend: one set of weights, saved once and loaded everywhere, one
+//! batch, and every stage of a training step compared against a reference backend.
+//!
+//! Errors are relative to the largest magnitude in the reference tensor (as in the PyTorch parity
+//! tests), so entries near zero do not turn float noise into huge relative errors. After optimizer
+//! steps they are relative to the largest parameter of the whole network instead: AdamW divides
+//! each gradient by its own size, so a parameter whose gradient is float noise (a batch-norm bias
+//! that starts at zero, say) moves by the full learning rate one way or the other, and relative to
+//! its own tiny magnitude that is a 100% difference that says nothing about the backend.
+//!
+//! Bottleneck networks (ResNet-50 and deeper) at random initialisation are ill-conditioned in
+//! float32: rounding alone moves their gradients by percents (PyTorch's own float32 gradients are
+//! 1e-2 from float64 there, and two summation orders differ as much). Compare them with
+//! `zero_init_residual`, as their training recipes initialise them; basic-block networks need no
+//! such care.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use burn::module::AutodiffModule;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor, TensorData};
+use kiln_models::{ResNet, ResNetConfig, weights};
+use kiln_train::batch::DeviceBatch;
+use kiln_train::config::OptimizerConfig;
+use kiln_train::engine::train_step;
+use kiln_train::optim::AnyOptimizer;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::CheckError;
+
+/// What to compare: a network, its input size, a batch size and how many optimizer steps.
+#[derive(Debug, Clone)]
+pub struct CompareSpec {
+    pub model: ResNetConfig,
+    pub image_size: usize,
+    pub batch: usize,
+    pub steps: usize,
+    pub seed: u64,
+}
+
+/// The stages of a training step, in the order they happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    EvalLogits,
+    TrainLogits,
+    Loss,
+    Gradients,
+    BatchNormStatistics,
+    SgdSteps,
+    AdamwSteps,
+}
+
+impl Stage {
+    /// Whether errors are relative to the whole stage's largest magnitude rather than each
+    /// tensor's (see the module's documentation).
+    fn whole_network_scale(self) -> bool {
+        matches!(self, Stage::SgdSteps | Stage::AdamwSteps)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::EvalLogits => "eval logits",
+            Stage::TrainLogits => "train logits",
+            Stage::Loss => "loss",
+            Stage::Gradients => "gradients",
+            Stage::BatchNormStatistics => "bn running stats",
+            Stage::SgdSteps => "after SGD steps",
+            Stage::AdamwSteps => "after AdamW steps",
+        }
+    }
+}
+
+/// One backend's numbers for every stage, read back to the host and keyed by torchvision names.
+#[derive(Debug, Default)]
+pub struct Capture {
+    pub stages: BTreeMap<Stage, BTreeMap<String, TensorData>>,
+}
+
+/// The optimizers compared: SGD with momentum and weight decay as an ImageNet recipe sets it,
+/// and AdamW with PyTorch's defaults.
+fn optimizers() -> [(Stage, OptimizerConfig); 2] {
+    let mut sgd = OptimizerConfig::sgd(0.1);
+    sgd.momentum = 0.9;
+    sgd.weight_decay = Some(5e-4);
+    [
+        (Stage::SgdSteps, sgd),
+        (Stage::AdamwSteps, OptimizerConfig::adamw(1e-3)),
+    ]
+}
+
+/// Initialises the network on `B` with the spec's seed and saves it to `path`, so that every
+/// backend starts from these exact weights.
+pub fn save_initial_weights<B: Backend>(
+    spec: &CompareSpec,
+    device: &B::Device,
+    path: &Path,
+) -> Result<(), CheckError> {
+    B::seed(device, spec.seed);
+    let model = spec.model.init::<B>(device)?;
+    weights::save_safetensors(&model, path)?;
+    Ok(())
+}
+
+/// Runs every stage on `B` from the weights in `path`.
+pub fn capture<B: AutodiffBackend>(
+    spec: &CompareSpec,
+    path: &Path,
+    device: &B::Device,
+) -> Result<Capture, CheckError> {
+    let load = || -> Result<ResNet<B>, CheckError> {
+        let model = spec.model.init::<B>(device)?;
+        Ok(weights::load(model, path)?.0)
+    };
+    let mut capture = Capture::default();
+    let loss_fn = CrossEntropyLossConfig::new().init(device);
+
+    let model = load()?;
+    let batch = step_batch::<B>(spec, 0, device);
+    let eval_logits = model.valid().forward(batch.images.clone().inner());
+    capture.put(Stage::EvalLogits, "logits", eval_logits.into_data());
+
+    let logits = model.forward(batch.images.clone());
+    let loss = loss_fn.forward(logits.clone(), batch.labels.clone());
+    capture.put(Stage::TrainLogits, "logits", logits.into_data());
+    capture.put(Stage::Loss, "loss", loss.clone().into_data());
+    let grads = loss.backward();
+    capture
+        .stages
+        .insert(Stage::Gradients, weights::torch_gradients(&model, &grads));
+    capture.stages.insert(
+        Stage::BatchNormStatistics,
+        weights::torch_state_dict(&model)
+            .into_iter()
+            .filter(|(name, _)| name.contains("running_"))
+            .collect(),
+    );
+
+    for (stage, config) in optimizers() {
+        let mut model = load()?;
+        let mut optimizer = AnyOptimizer::<ResNet<B>, B>::new(&config);
+        for step in 0..spec.steps {
+            let batch = step_batch::<B>(spec, step, device);
+            (model, _, _) = train_step(model, &mut optimizer, &loss_fn, batch, config.lr);
+        }
+        capture
+            .stages
+            .insert(stage, weights::torch_state_dict(&model.valid()));
+    }
+    Ok(capture)
+}
+
+impl Capture {
+    fn put(&mut self, stage: Stage, name: &str, data: TensorData) {
+        self.stages
+            .entry(stage)
+            .or_default()
+            .insert(name.to_string(), data);
+    }
+}
+
+/// Step `step`'s batch: unit-variance uniform noise and labels from the spec's seed, the same
+/// on every backend.
+fn step_batch<B: Backend>(spec: &CompareSpec, step: usize, device: &B::Device) -> DeviceBatch<B> {
+    let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(spec.seed ^ ((step as u64 + 1) << 32));
+    let shape = [spec.batch, 3, spec.image_size, spec.image_size];
+    let limit = 3f32.sqrt();
+    let pixels: Vec<f32> = (0..shape.iter().product::<usize>())
+        .map(|_| rng.random_range(-limit..limit))
+        .collect();
+    let labels: Vec<i64> = (0..spec.batch)
+        .map(|_| rng.random_range(0..spec.model.num_classes as i64))
+        .collect();
+    DeviceBatch {
+        images: Tensor::from_data(TensorData::new(pixels, shape), device),
+        labels: Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [spec.batch]), device),
+        skipped: Vec::new(),
+    }
+}
+
+/// How far a backend may be from the reference, per stage, relative to the reference's largest
+/// magnitude.
+#[derive(Debug, Clone, Serialize)]
+pub struct Tolerances(BTreeMap<Stage, f64>);
+
+impl Tolerances {
+    /// Backends that compute in float32 throughout (flex, ndarray, wgpu): only summation order
+    /// differs. Forward values agree to a few ulps of the largest value; gradients pass through
+    /// every layer backwards and pick up more; the steps multiply gradient noise by the
+    /// learning rate, and AdamW divides each gradient by its own size, so a near-zero gradient
+    /// whose sign is noise moves its parameter by up to the full learning rate either way.
+    pub fn float32() -> Self {
+        Self(BTreeMap::from([
+            (Stage::EvalLogits, 1e-4),
+            (Stage::TrainLogits, 1e-4),
+            (Stage::Loss, 1e-5),
+            (Stage::Gradients, 1e-3),
+            (Stage::BatchNormStatistics, 1e-4),
+            (Stage::SgdSteps, 1e-3),
+            (Stage::AdamwSteps, 2e-3),
+        ]))
+    }
+
+    /// Backends that may multiply float32 matrices on tensor cores in TF32 (CUDA): about three
+    /// decimal digits per product instead of seven, so ten times looser than [`Self::float32`]
+    /// and more for gradients, which go through two matrix products per layer.
+    pub fn tensor_cores() -> Self {
+        Self(BTreeMap::from([
+            (Stage::EvalLogits, 1e-2),
+            (Stage::TrainLogits, 1e-2),
+            (Stage::Loss, 1e-3),
+            (Stage::Gradients, 5e-2),
+            (Stage::BatchNormStatistics, 1e-2),
+            (Stage::SgdSteps, 1e-2),
+            (Stage::AdamwSteps, 5e-2),
+        ]))
+    }
+
+    pub fn get(&self, stage: Stage) -> f64 {
+        self.0[&stage]
+    }
+}
+
+/// A stage's worst difference from the reference.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageDiff {
+    pub stage: Stage,
+    pub max_abs: f64,
+    pub max_rel: f64,
+    /// The tensor where `max_rel` was found, or what was wrong with it.
+    pub worst: String,
+    pub tolerance: f64,
+    pub passed: bool,
+}
+
+/// Compares every stage of `actual` with `reference`.
+pub fn diff(reference: &Capture, actual: &Capture, tolerances: &Tolerances) -> Vec<StageDiff> {
+    reference
+        .stages
+        .iter()
+        .map(|(&stage, expected)| {
+            let mut result = StageDiff {
+                stage,
+                max_abs: 0.0,
+                max_rel: 0.0,
+                worst: String::new(),
+                tolerance: tolerances.get(stage),
+                passed: true,
+            };
+            let tensors = actual.stages.get(&stage);
+            let stage_scale = stage
+                .whole_network_scale()
+                .then(|| expected.values().map(largest_magnitude).fold(0.0, f64::max));
+            for (name, want) in expected {
+                let (abs, rel, problem) = match tensors.and_then(|t| t.get(name)) {
+                    None => (f64::INFINITY, f64::INFINITY, Some("missing")),
+                    Some(got) if got.shape != want.shape => {
+                        (f64::INFINITY, f64::INFINITY, Some("wrong shape"))
+                    }
+                    Some(got) => {
+                        let abs = largest_difference(got, want);
+                        let scale = stage_scale.unwrap_or_else(|| largest_magnitude(want));
+                        (abs, abs / scale.max(1e-12), None)
+                    }
+                };
+                result.max_abs = result.max_abs.max(abs);
+                // NaN compares false: count it as the worst error there is.
+                if !(rel <= result.max_rel) {
+                    result.max_rel = if rel.is_nan() { f64::INFINITY } else { rel };
+                    result.worst = match problem {
+                        Some(p) => format!("{name} ({p})"),
+                        None => name.clone(),
+                    };
+                }
+            }
+            result.passed = result.max_rel <= result.tolerance;
+            result
+        })
+        .collect()
+}
+
+fn values(data: &TensorData) -> Vec<f64> {
+    data.clone()
+        .convert::<f64>()
+        .to_vec::<f64>()
+        .unwrap_or_default()
+}
+
+fn largest_magnitude(data: &TensorData) -> f64 {
+    values(data).iter().fold(0f64, |m, v| m.max(v.abs()))
+}
+
+/// The largest absolute difference; NaN if either side has a NaN where the other has a number.
+fn largest_difference(actual: &TensorData, expected: &TensorData) -> f64 {
+    values(actual)
+        .iter()
+        .zip(&values(expected))
+        .map(|(a, e)| (a - e).abs())
+        .fold(0f64, |m, d| {
+            if d.is_nan() || m.is_nan() {
+                f64::NAN
+            } else {
+                m.max(d)
+            }
+        })
+}

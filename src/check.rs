@@ -1,0 +1,481 @@
+//! `kiln compare` and `kiln bench`: kiln-check's generic checks, run on each backend in turn.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use burn::tensor::backend::AutodiffBackend;
+use clap::Args;
+use kiln_backend::{
+    Backend, BackendChoice, BackendTask, DeviceKind, DeviceSelection, MemoryMeter, Probe, Resolved,
+    probe, resolve, run_on,
+};
+use kiln_check::CheckError;
+use kiln_check::bench::{self, Budget, Measurement, Mode, Target, Workload};
+use kiln_check::compare::{self, Capture, CompareSpec, StageDiff, Tolerances};
+use kiln_models::{ResNetConfig, Stem};
+
+#[derive(Args)]
+pub struct CompareArgs {
+    /// Backends to compare, comma-separated; ones not compiled in or without a device are
+    /// reported as skipped.
+    #[arg(long, value_delimiter = ',', default_value = "flex,ndarray,wgpu")]
+    backends: Vec<String>,
+
+    /// The backend the others are compared with (default: the first of --backends).
+    #[arg(long)]
+    reference: Option<String>,
+
+    /// resnet18, resnet34, resnet50, resnet101 or resnet152.
+    #[arg(long, default_value = "resnet18")]
+    model: String,
+
+    /// Channels of the first stage (torchvision's is 64); small widths keep the check fast.
+    #[arg(long, default_value_t = 8)]
+    width: usize,
+
+    /// Input height and width; below 64 the network takes the CIFAR stem.
+    #[arg(long, default_value_t = 16)]
+    image_size: usize,
+
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+
+    /// Optimizer steps before comparing the parameters.
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+
+    #[arg(long, default_value_t = 10)]
+    classes: usize,
+
+    /// Start each residual branch's last batch norm at zero. Bottleneck networks (resnet50 and
+    /// deeper) need it: at random initialisation their float32 gradients are ill-conditioned
+    /// (rounding alone moves them by percents), as their training recipes know.
+    #[arg(long)]
+    zero_init_residual: bool,
+
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
+    let mut model = ResNetConfig::from_name(&args.model)?
+        .with_width(args.width)
+        .with_num_classes(args.classes)
+        .with_zero_init_residual(args.zero_init_residual);
+    if args.image_size < 64 {
+        model = model.with_stem(Stem::Cifar);
+    }
+    let spec = CompareSpec {
+        model,
+        image_size: args.image_size,
+        batch: args.batch,
+        steps: args.steps,
+        seed: 7,
+    };
+    let backends = parse_backends(&args.backends)?;
+    let reference = match &args.reference {
+        Some(name) => parse_backend(name)?,
+        None => backends[0],
+    };
+    let probe = probe();
+    let resolved = resolve(
+        BackendChoice::Explicit(reference),
+        &DeviceSelection::default(),
+        &probe,
+    )
+    .with_context(|| format!("the reference backend {reference} cannot run"))?;
+
+    println!(
+        "comparing {} (width {}, {} stem, {} classes) on {} images of {}x{}, {} optimizer steps; reference {reference}",
+        spec.model.name(),
+        spec.model.width,
+        format!("{:?}", spec.model.stem).to_lowercase(),
+        spec.model.num_classes,
+        spec.batch,
+        spec.image_size,
+        spec.image_size,
+        spec.steps
+    );
+    let weights =
+        std::env::temp_dir().join(format!("kiln-compare-{}.safetensors", std::process::id()));
+    let expected = run_on(
+        &resolved,
+        SaveAndCapture {
+            spec: spec.clone(),
+            weights: weights.clone(),
+            save: true,
+        },
+    )??;
+    let mut results = Vec::new();
+    let mut failed = false;
+    for backend in backends.into_iter().filter(|b| *b != reference) {
+        let outcome = capture_on(backend, &probe, &spec, &weights).map(|actual| {
+            let tolerances = if backend == Backend::Cuda {
+                Tolerances::tensor_cores()
+            } else {
+                Tolerances::float32()
+            };
+            compare::diff(&expected, &actual, &tolerances)
+        });
+        print_outcome(backend.name(), &outcome);
+        failed |= match &outcome {
+            Outcome::Compared(diffs) => diffs.iter().any(|d| !d.passed),
+            Outcome::Failed(_) => true,
+            Outcome::Skipped(_) => false,
+        };
+        results.push(serde_json::json!({ "backend": backend.name(), "result": outcome }));
+    }
+    let _ = std::fs::remove_file(&weights);
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({ "reference": reference.name(), "backends": results });
+        std::fs::write(path, serde_json::to_string_pretty(&json)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if failed {
+        bail!("the backends disagree beyond tolerance (see the table above)");
+    }
+    println!("all compared backends agree with {reference} within tolerance");
+    Ok(())
+}
+
+/// What happened to one backend.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Outcome<T> {
+    Compared(T),
+    /// Not compiled in, or no device: not a failure.
+    Skipped(String),
+    /// The backend started and then failed.
+    Failed(String),
+}
+
+impl<T> Outcome<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
+        match self {
+            Outcome::Compared(t) => Outcome::Compared(f(t)),
+            Outcome::Skipped(why) => Outcome::Skipped(why),
+            Outcome::Failed(why) => Outcome::Failed(why),
+        }
+    }
+}
+
+fn capture_on(
+    backend: Backend,
+    probe: &Probe,
+    spec: &CompareSpec,
+    weights: &Path,
+) -> Outcome<Capture> {
+    let resolved = match resolve(
+        BackendChoice::Explicit(backend),
+        &DeviceSelection::default(),
+        probe,
+    ) {
+        Ok(resolved) => resolved,
+        Err(why) => return Outcome::Skipped(why.to_string()),
+    };
+    let task = SaveAndCapture {
+        spec: spec.clone(),
+        weights: weights.to_path_buf(),
+        save: false,
+    };
+    match guarded(|| run_on(&resolved, task)) {
+        Ok(Ok(Ok(capture))) => Outcome::Compared(capture),
+        Ok(Ok(Err(e))) => Outcome::Failed(e.to_string()),
+        Ok(Err(e)) => Outcome::Skipped(e.to_string()),
+        Err(panic) => Outcome::Failed(panic),
+    }
+}
+
+fn print_outcome(backend: &str, outcome: &Outcome<Vec<StageDiff>>) {
+    match outcome {
+        Outcome::Skipped(why) => println!("{backend:<8} skipped: {why}"),
+        Outcome::Failed(why) => println!("{backend:<8} FAILED: {why}"),
+        Outcome::Compared(diffs) => {
+            println!(
+                "{:<8} {:<18} {:>10} {:>10} {:>10}  {:<6} worst tensor",
+                "backend", "stage", "max abs", "max rel", "tolerance", "result"
+            );
+            for d in diffs {
+                println!(
+                    "{:<8} {:<18} {:>10.2e} {:>10.2e} {:>10.0e}  {:<6} {}",
+                    backend,
+                    d.stage.name(),
+                    d.max_abs,
+                    d.max_rel,
+                    d.tolerance,
+                    if d.passed { "ok" } else { "FAILED" },
+                    d.worst
+                );
+            }
+        }
+    }
+}
+
+/// On the reference backend: initialise and save the weights first. Everywhere: load them and
+/// capture every stage.
+struct SaveAndCapture {
+    spec: CompareSpec,
+    weights: PathBuf,
+    save: bool,
+}
+
+impl BackendTask for SaveAndCapture {
+    type Output = Result<Capture, CheckError>;
+
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output {
+        let device = &devices[0];
+        if self.save {
+            compare::save_initial_weights::<B>(&self.spec, device, &self.weights)?;
+        }
+        compare::capture::<B>(&self.spec, &self.weights, device)
+    }
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Backends to measure, comma-separated (default: CUDA and hardware GPUs through wgpu where
+    /// present, and flex).
+    #[arg(long, value_delimiter = ',')]
+    backends: Vec<String>,
+
+    /// resnet18-cifar (32x32, CIFAR stem) and resnetNN (224x224), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "resnet18-cifar,resnet50")]
+    models: Vec<String>,
+
+    /// Batch sizes for every model (default: 32,128 at 32x32 and 16,64 at 224x224).
+    #[arg(long, value_delimiter = ',')]
+    batches: Vec<usize>,
+
+    #[arg(long, value_delimiter = ',', default_value = "train,infer")]
+    modes: Vec<String>,
+
+    /// Untimed steps before measuring (kernel compilation, autotuning).
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+
+    /// Timed steps: at least this many ...
+    #[arg(long, default_value_t = 3)]
+    min_steps: usize,
+
+    /// ... and at least this many seconds.
+    #[arg(long, default_value_t = 3.0)]
+    min_seconds: f64,
+
+    /// PyTorch's figures (from xtask/scripts/bench_torch.py) to print beside kiln's.
+    #[arg(long)]
+    reference: Option<PathBuf>,
+
+    /// Also write kiln's rows as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+
+    /// Also write the table here.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+}
+
+pub fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
+    let probe = probe();
+    let backends = if args.backends.is_empty() {
+        default_bench_backends(&probe)
+    } else {
+        parse_backends(&args.backends)?
+    };
+    let workloads = args
+        .models
+        .iter()
+        .map(|name| Workload::parse(name).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let modes = args
+        .modes
+        .iter()
+        .map(|m| match m.as_str() {
+            "train" => Ok(Mode::Train),
+            "infer" => Ok(Mode::Infer),
+            other => bail!("unknown mode `{other}`: use train, infer or both (train,infer)"),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let pytorch: Vec<Measurement> = match &args.reference {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| {
+                format!("cannot read PyTorch's figures from {}", path.display())
+            })?;
+            serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "{} is not a list of measurements as bench_torch.py writes them",
+                    path.display()
+                )
+            })?
+        }
+        None => Vec::new(),
+    };
+    let budget = Budget {
+        warmup: args.warmup,
+        min_steps: args.min_steps.max(1),
+        min_seconds: args.min_seconds,
+        ..Budget::default()
+    };
+
+    let mut rows = Vec::new();
+    for backend in backends {
+        let resolved = match resolve(
+            BackendChoice::Explicit(backend),
+            &DeviceSelection::default(),
+            &probe,
+        ) {
+            Ok(resolved) => resolved,
+            Err(why) => {
+                eprintln!("{backend}: skipped: {why}");
+                continue;
+            }
+        };
+        let task = Measure {
+            backend,
+            workloads: workloads.clone(),
+            batches: args.batches.clone(),
+            modes: modes.clone(),
+            budget,
+            memory: MemoryMeter::for_device(&resolved),
+            device: resolved.devices[0].name.clone(),
+            device_class: device_class(&resolved),
+        };
+        match guarded(|| run_on(&resolved, task)) {
+            Ok(Ok(measured)) => rows.extend(measured),
+            Ok(Err(why)) => eprintln!("{backend}: skipped: {why}"),
+            Err(panic) => eprintln!("{backend}: FAILED: {panic}"),
+        }
+    }
+    let table = bench::markdown(&rows, &pytorch);
+    println!("{table}");
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, &table).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if rows.is_empty() {
+        bail!("nothing was measured (see the messages above)");
+    }
+    Ok(())
+}
+
+/// CUDA and hardware GPUs where present, and flex: what a user of this machine would train on.
+fn default_bench_backends(probe: &Probe) -> Vec<Backend> {
+    [Backend::Cuda, Backend::Wgpu, Backend::Flex]
+        .into_iter()
+        .filter(|&backend| match probe.report(backend).devices() {
+            Ok(devices) => {
+                backend.is_cpu() || devices.iter().any(|d| d.kind != DeviceKind::Software)
+            }
+            Err(_) => false,
+        })
+        .collect()
+}
+
+fn device_class(resolved: &Resolved) -> String {
+    match resolved.devices[0].kind {
+        DeviceKind::Cpu | DeviceKind::Software => "cpu".into(),
+        _ => "gpu".into(),
+    }
+}
+
+/// Every workload, batch size and mode on one backend; a failed row (out of memory, say) is
+/// reported and the rest go on.
+struct Measure {
+    backend: Backend,
+    workloads: Vec<Workload>,
+    batches: Vec<usize>,
+    modes: Vec<Mode>,
+    budget: Budget,
+    memory: MemoryMeter,
+    device: String,
+    device_class: String,
+}
+
+impl BackendTask for Measure {
+    type Output = Vec<Measurement>;
+
+    fn run<B: AutodiffBackend>(mut self, devices: Vec<B::Device>) -> Self::Output {
+        let device = &devices[0];
+        let target = Target {
+            backend: self.backend.name(),
+            device: &self.device,
+            device_class: &self.device_class,
+        };
+        let mut rows = Vec::new();
+        for workload in &self.workloads {
+            let batches = if self.batches.is_empty() {
+                workload.default_batches()
+            } else {
+                self.batches.clone()
+            };
+            for &batch in &batches {
+                for &mode in &self.modes {
+                    let label = format!(
+                        "{} {} batch {batch} {}",
+                        target.backend,
+                        workload.name,
+                        mode.name()
+                    );
+                    let measured = guarded(|| {
+                        bench::measure::<B>(
+                            workload,
+                            batch,
+                            mode,
+                            self.budget,
+                            &target,
+                            device,
+                            &mut self.memory,
+                        )
+                    });
+                    match measured {
+                        Ok(Ok(row)) => {
+                            eprintln!(
+                                "{label}: {:.1} img/s, {:.1} ms a step",
+                                row.images_per_s, row.step_ms
+                            );
+                            rows.push(row);
+                        }
+                        Ok(Err(e)) => eprintln!("{label}: FAILED: {e}"),
+                        Err(panic) => eprintln!("{label}: FAILED: {panic}"),
+                    }
+                }
+            }
+        }
+        rows
+    }
+}
+
+fn parse_backend(name: &str) -> anyhow::Result<Backend> {
+    match name.parse::<BackendChoice>()? {
+        BackendChoice::Explicit(backend) => Ok(backend),
+        BackendChoice::Auto => {
+            bail!("name backends explicitly here (flex, ndarray, wgpu, cuda, ...), not auto")
+        }
+    }
+}
+
+fn parse_backends(names: &[String]) -> anyhow::Result<Vec<Backend>> {
+    if names.is_empty() {
+        bail!("--backends is empty");
+    }
+    names.iter().map(|n| parse_backend(n)).collect()
+}
+
+/// Runs `f`, turning a panic (a backend that fails deep inside burn) into its message.
+fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
+        payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panicked".to_string())
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    })
+}

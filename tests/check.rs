@@ -1,0 +1,126 @@
+//! `kiln compare` and `kiln bench` as a user runs them.
+
+mod common;
+
+use common::{errors, kiln};
+
+#[test]
+fn compare_passes_on_the_cpu_backends_and_skips_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("compare.json");
+    let output = kiln(&[
+        "compare",
+        "--backends",
+        "flex,ndarray,metal",
+        "--width",
+        "4",
+        "--image-size",
+        "16",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{:?}", errors(&output));
+    for stage in [
+        "eval logits",
+        "gradients",
+        "bn running stats",
+        "after AdamW steps",
+    ] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("ndarray") && l.contains(stage) && l.contains(" ok ")),
+            "no passing {stage} row for ndarray:\n{stdout}"
+        );
+    }
+    assert!(stdout.contains("metal    skipped:"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["reference"], "flex");
+    let ndarray = &report["backends"][0]["result"]["compared"];
+    assert_eq!(ndarray.as_array().unwrap().len(), 7);
+    assert_eq!(ndarray[3]["stage"], "gradients");
+    assert!(ndarray[3]["max_rel"].as_f64().unwrap() < 1e-3);
+}
+
+#[test]
+fn compare_without_its_reference_backend_says_so_in_one_line() {
+    let output = kiln(&["compare", "--backends", "flex", "--reference", "metal"]);
+    assert!(!output.status.success());
+    let errors = errors(&output);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("the reference backend metal cannot run"),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn bench_prints_kiln_beside_the_pytorch_figures_it_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("torch.json");
+    std::fs::write(
+        &reference,
+        r#"[{"framework": "pytorch", "variant": "eager", "device_class": "cpu", "device": "CPU",
+            "model": "resnet18-cifar", "image_size": 32, "batch": 2, "mode": "infer",
+            "images_per_s": 100.0, "step_ms": 20.0, "steps": 5, "peak_memory_bytes": null}]"#,
+    )
+    .unwrap();
+    let json = dir.path().join("kiln.json");
+    let output = kiln(&[
+        "bench",
+        "--backends",
+        "flex",
+        "--models",
+        "resnet18-cifar",
+        "--batches",
+        "2",
+        "--modes",
+        "infer",
+        "--warmup",
+        "0",
+        "--min-steps",
+        "1",
+        "--min-seconds",
+        "0",
+        "--reference",
+        reference.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{:?}", errors(&output));
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let measured = rows[0]["images_per_s"].as_f64().unwrap();
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("| flex |"))
+        .unwrap_or_else(|| panic!("no flex row:\n{stdout}"));
+    assert!(
+        line.contains(&format!("| 100.0 | {:.2}x |", measured / 100.0)),
+        "{line}"
+    );
+}
+
+#[test]
+fn bench_with_a_bad_reference_file_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("torch.json");
+    std::fs::write(&reference, "{ not json").unwrap();
+    let output = kiln(&[
+        "bench",
+        "--backends",
+        "flex",
+        "--reference",
+        reference.to_str().unwrap(),
+    ]);
+    assert!(!output.status.success());
+    let errors = errors(&output);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("torch.json is not a list of measurements"),
+        "{errors:?}"
+    );
+}

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# kiln's GPU check, for a machine with NVIDIA GPUs: no Rust toolchain and no internet needed.
+# Everything it runs is in this folder (built by `cargo xtask gpu-check --carry-dir <dir>`).
+#
+#   bash run.sh [--dry-run] [--out DIR]
+#
+# Steps, each with a time limit, each logged to DIR/<step>.log, summed up in DIR/summary.md:
+# devices, compare (cuda and vulkan against flex), bench (kiln on cuda and vulkan beside PyTorch
+# eager and channels-last+bf16), train (the quickstart on cuda; its loss must fall), soak (eight
+# epochs; device memory must stay flat), devices-all (data parallel; not built yet).
+# --dry-run runs the same steps on this machine's CPU (flex, and a software Vulkan device when
+# there is one) at toy sizes, to check the script and the carried binary on a machine without GPU.
+set -uo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+DRY=0
+OUT=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run) DRY=1 ;;
+        --out) OUT="$2"; shift ;;
+        -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+        *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+OUT="${OUT:-$HERE/results-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT/work"
+OUT="$(cd "$OUT" && pwd)"
+KILN="$OUT/work/kiln"
+gzip -dc "$HERE/kiln.gz" > "$KILN" && chmod +x "$KILN" || { echo "cannot unpack $HERE/kiln.gz" >&2; exit 1; }
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+PYTHON="${PYTHON:-python3}"
+# cubecl compiles CUDA kernels with NVRTC; PyTorch's wheels carry it under site-packages/nvidia.
+NV_LIBS="$("$PYTHON" -c 'import glob, site; print(":".join(sorted({d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib")})))' 2>/dev/null || true)"
+if [ -n "$NV_LIBS" ]; then
+    export LD_LIBRARY_PATH="$NV_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+if [ "$DRY" = 1 ]; then
+    GPU=flex
+    COMPARE=(--backends flex,vulkan --reference flex)
+    COMPARE_18=(--model resnet18 --width 8 --image-size 16 --batch 4 --steps 2)
+    COMPARE_50=(--model resnet50 --zero-init-residual --width 4 --image-size 32 --batch 2 --steps 2)
+    BENCH_BACKENDS=flex
+    TORCH_DEVICE=cpu
+    BENCH=(--models resnet18-cifar --batches 8 --warmup 1 --min-steps 1 --min-seconds 0)
+    SOAK=(--set epochs=3 --set batch_size=32 --set model.width=8 --set data.source.train_size=256 --set data.source.val_size=64)
+else
+    GPU=cuda
+    COMPARE=(--backends flex,cuda,vulkan --reference flex)
+    COMPARE_18=(--model resnet18 --width 64 --image-size 32 --batch 16 --steps 3)
+    COMPARE_50=(--model resnet50 --zero-init-residual --width 16 --image-size 64 --batch 8 --steps 3)
+    BENCH_BACKENDS=cuda,vulkan
+    TORCH_DEVICE=cuda
+    BENCH=(--warmup 3 --min-steps 5 --min-seconds 2)
+    SOAK=()
+fi
+
+FAILED=0
+{
+    echo "# kiln GPU check $(date -u +%Y-%m-%dT%H:%M:%SZ)$([ "$DRY" = 1 ] && echo ' (dry run)')"
+    echo
+    echo "| step | result | seconds | log |"
+    echo "|---|---|---:|---|"
+} > "$OUT/summary.md"
+
+# step NAME SECONDS COMMAND...: runs COMMAND under a time limit and records the outcome.
+step() {
+    local name="$1" limit="$2"
+    shift 2
+    local log="$OUT/$name.log" start=$SECONDS rc
+    echo "== $name (up to ${limit}s): $*"
+    echo "\$ $*" > "$log"
+    timeout "$limit" "$@" >> "$log" 2>&1
+    rc=$?
+    tail -n 25 "$log" | sed 's/^/   /'
+    local result=ok
+    if [ $rc = 124 ]; then result="FAILED (over ${limit}s)"; elif [ $rc != 0 ]; then result="FAILED (exit $rc)"; fi
+    [ "$result" = ok ] || FAILED=1
+    echo "| $name | $result | $((SECONDS - start)) | $name.log |" >> "$OUT/summary.md"
+    return $rc
+}
+
+# note NAME TEXT: a step that did not run, and why.
+note() {
+    echo "== $1: $2"
+    echo "| $1 | $2 | 0 | |" >> "$OUT/summary.md"
+}
+
+step devices 60 bash -c "'$KILN' devices; command -v nvidia-smi >/dev/null && nvidia-smi -L || true"
+
+step compare-resnet18 180 "$KILN" compare "${COMPARE[@]}" "${COMPARE_18[@]}" --json "$OUT/compare-resnet18.json"
+step compare-resnet50 180 "$KILN" compare "${COMPARE[@]}" "${COMPARE_50[@]}" --json "$OUT/compare-resnet50.json"
+
+REFERENCE=()
+if "$PYTHON" -c 'import torch, torchvision' 2>/dev/null; then
+    step bench-pytorch 240 "$PYTHON" "$HERE/bench_torch.py" --device "$TORCH_DEVICE" "${BENCH[@]}" --json "$OUT/torch.json" \
+        && REFERENCE=(--reference "$OUT/torch.json")
+else
+    note bench-pytorch "skipped: $PYTHON cannot import torch and torchvision"
+fi
+step bench-kiln 300 "$KILN" bench --backends "$BENCH_BACKENDS" "${BENCH[@]}" "${REFERENCE[@]}" \
+    --json "$OUT/kiln.json" --markdown "$OUT/bench.md"
+
+# train: the quickstart; the training loss of the last epoch must be below the first's.
+step train 180 "$KILN" train --config "$HERE/configs/quickstart.toml" --backend "$GPU" \
+    --set "logging.runs_dir=\"$OUT/work/runs\""
+METRICS="$(ls -td "$OUT"/work/runs/quickstart-*/ 2>/dev/null | head -n 1)metrics.csv"
+if [ -f "$METRICS" ] && awk -F, 'NR == 2 { first = $4 } NR > 1 { last = $4 } END { exit !(NR > 2 && last < first) }' "$METRICS"; then
+    echo "| train loss falls | ok: $(awk -F, 'NR > 1 { printf "%s%.4f", (NR > 2 ? " -> " : ""), $4 }' "$METRICS") | 0 | train.log |" >> "$OUT/summary.md"
+else
+    echo "| train loss falls | FAILED (see $METRICS) | 0 | train.log |" >> "$OUT/summary.md"
+    FAILED=1
+fi
+
+# soak: device memory per epoch (kiln's pool, and the driver's view through nvidia-smi).
+if command -v nvidia-smi >/dev/null && [ "$DRY" = 0 ]; then
+    nvidia-smi --query-gpu=timestamp,index,memory.used --format=csv,noheader -lms 500 > "$OUT/soak-nvidia-smi.csv" 2>/dev/null &
+    SMI=$!
+fi
+step soak 240 "$KILN" train --config "$HERE/configs/soak.toml" --backend "$GPU" "${SOAK[@]}" \
+    --set "logging.runs_dir=\"$OUT/work/runs\""
+[ -n "${SMI:-}" ] && kill "$SMI" 2>/dev/null
+SOAK_METRICS="$(ls -td "$OUT"/work/runs/soak-*/ 2>/dev/null | head -n 1)metrics.csv"
+# The first epoch includes kernel compilation and autotuning; from the second on, the peak must
+# not grow by more than 10%.
+if [ -f "$SOAK_METRICS" ] && awk -F, 'NR == 3 { second = $12 } NR > 1 { last = $12 } END { exit !(NR > 3 && second > 0 && last <= second * 1.10) }' "$SOAK_METRICS"; then
+    RESULT=ok
+else
+    RESULT=FAILED
+    FAILED=1
+fi
+echo "| soak memory flat | $RESULT: peak MiB by epoch $(awk -F, 'NR > 1 { printf "%s%.0f", (NR > 2 ? ", " : ""), $12 / 1048576 }' "$SOAK_METRICS" 2>/dev/null) | 0 | soak.log |" >> "$OUT/summary.md"
+
+note devices-all "skipped: data parallel training (--devices all) arrives with the scale issue"
+
+echo
+cat "$OUT/summary.md"
+[ -f "$OUT/bench.md" ] && { echo; cat "$OUT/bench.md"; }
+rm -f "$KILN"
+exit $FAILED

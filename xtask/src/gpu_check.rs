@@ -1,0 +1,102 @@
+//! `cargo xtask gpu-check --carry-dir DIR [--dry-run]`: everything a machine with NVIDIA GPUs
+//! needs to check kiln, built here and put in one folder (under 60 MB): the kiln binary with
+//! `cuda` (and wgpu and flex) compressed, `run.sh`, the PyTorch benchmark script and the configs.
+//! On the GPU machine: `bash DIR/run.sh`. `--dry-run` runs the folder's script here, on the CPU.
+
+use std::io::{BufReader, BufWriter};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use flate2::Compression;
+use flate2::write::GzEncoder;
+
+/// What the folder may weigh, so that it travels to the GPU machine.
+const LIMIT_BYTES: u64 = 60 << 20;
+
+pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
+    let mut carry: Option<PathBuf> = None;
+    let mut dry_run = false;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--carry-dir" => carry = args.next().map(PathBuf::from),
+            "--dry-run" => dry_run = true,
+            other => bail!("unknown option {other}; gpu-check takes --carry-dir DIR [--dry-run]"),
+        }
+    }
+    let Some(carry) = carry else {
+        bail!("usage: cargo xtask gpu-check --carry-dir DIR [--dry-run]");
+    };
+
+    let kiln = crate::build_kiln(root, &["cuda"])?;
+    std::fs::create_dir_all(carry.join("configs"))
+        .with_context(|| format!("cannot create {}", carry.display()))?;
+    compress(&kiln, &carry.join("kiln.gz"))?;
+    for (from, to) in [
+        ("xtask/gpu-check/run.sh", "run.sh"),
+        ("xtask/gpu-check/README.md", "README.md"),
+        ("xtask/scripts/bench_torch.py", "bench_torch.py"),
+        ("configs/quickstart.toml", "configs/quickstart.toml"),
+        ("xtask/gpu-check/soak.toml", "configs/soak.toml"),
+    ] {
+        std::fs::copy(root.join(from), carry.join(to))
+            .with_context(|| format!("cannot copy {from} into {}", carry.display()))?;
+    }
+    let size = folder_size(&carry)?;
+    println!(
+        "{}: {:.1} MB; on the GPU machine run `bash {}/run.sh` (results in {}/results-<time>/)",
+        carry.display(),
+        size as f64 / 1e6,
+        carry.display(),
+        carry.display()
+    );
+    if size > LIMIT_BYTES {
+        bail!(
+            "{} weighs {:.1} MB, over the {} MB that travels to the GPU machine",
+            carry.display(),
+            size as f64 / 1e6,
+            LIMIT_BYTES >> 20
+        );
+    }
+    if dry_run {
+        let status = Command::new("bash")
+            .arg(carry.join("run.sh"))
+            .arg("--dry-run")
+            .status()
+            .context("cannot start bash")?;
+        if !status.success() {
+            bail!("run.sh --dry-run failed ({status}); see the summary above");
+        }
+    }
+    Ok(())
+}
+
+/// gzip, which every Linux machine can undo; the binary shrinks to about a quarter.
+fn compress(from: &Path, to: &Path) -> anyhow::Result<()> {
+    let mut input = BufReader::new(
+        std::fs::File::open(from).with_context(|| format!("cannot read {}", from.display()))?,
+    );
+    let output = BufWriter::new(
+        std::fs::File::create(to).with_context(|| format!("cannot write {}", to.display()))?,
+    );
+    let mut encoder = GzEncoder::new(output, Compression::best());
+    std::io::copy(&mut input, &mut encoder)?;
+    encoder.finish()?;
+    Ok(())
+}
+
+fn folder_size(dir: &Path) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        // Results of earlier runs inside the folder do not travel.
+        if meta.is_dir() && !entry.file_name().to_string_lossy().starts_with("results-") {
+            total += folder_size(&entry.path())?;
+        } else if meta.is_file() {
+            total += meta.len();
+        }
+    }
+    Ok(total)
+}

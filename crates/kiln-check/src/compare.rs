@@ -266,10 +266,15 @@ pub fn diff(reference: &Capture, actual: &Capture, tolerances: &Tolerances) -> V
                         (abs, abs / scale.max(1e-12), None)
                     }
                 };
+                // A NaN is the worst error there is.
+                let (abs, rel) = if rel.is_nan() {
+                    (f64::INFINITY, f64::INFINITY)
+                } else {
+                    (abs, rel)
+                };
                 result.max_abs = result.max_abs.max(abs);
-                // NaN compares false: count it as the worst error there is.
-                if !(rel <= result.max_rel) {
-                    result.max_rel = if rel.is_nan() { f64::INFINITY } else { rel };
+                if rel > result.max_rel {
+                    result.max_rel = rel;
                     result.worst = match problem {
                         Some(p) => format!("{name} ({p})"),
                         None => name.clone(),

@@ -28,6 +28,14 @@ fn main() -> anyhow::Result<()> {
     let run = RunDir::create(&config.logging.runs_dir, &config)?;
     let stop = Arc::new(AtomicBool::new(false));
     let devices = DeviceSelection::default();
-    kiln::train(&config, &run, false, BackendChoice::Auto, &devices, stop)?;
+    kiln::train(
+        &config,
+        &run,
+        false,
+        BackendChoice::Auto,
+        &devices,
+        None,
+        stop,
+    )?;
     Ok(())
 }

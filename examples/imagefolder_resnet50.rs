@@ -56,6 +56,7 @@ fn main() -> anyhow::Result<()> {
         false,
         BackendChoice::Auto,
         &DeviceSelection::All,
+        None,
         stop,
     )?;
     Ok(())

@@ -467,15 +467,5 @@ fn parse_backends(names: &[String]) -> anyhow::Result<Vec<Backend>> {
 
 /// Runs `f`, turning a panic (a backend that fails deep inside burn) into its message.
 fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
-        payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "panicked".to_string())
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .to_string()
-    })
+    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| crate::panic_message(payload.as_ref()))
 }

@@ -9,35 +9,35 @@ use std::sync::atomic::AtomicBool;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_backend::{BackendTask, MemoryMeter, probe, resolve, run_on};
+use kiln_data::Shard;
 use kiln_models::weights;
 use kiln_train::engine::{Evaluation, build_model, loaders};
+use kiln_train::parallel::Placement;
 use kiln_train::progress::Console;
 use kiln_train::{Outcome, RunDir, TrainConfig, TrainError};
 
 pub use kiln_backend::{BackendChoice, DeviceSelection};
+pub use kiln_train::parallel::Cluster;
 
-/// Trains `config` into `run` on the requested backend and devices, showing progress on the
-/// console. `stop` ends the run after the current step with a checkpoint.
+/// Trains `config` into `run` on the requested backend and devices (data parallel when there
+/// are several, or several machines in `cluster`), showing progress on the console. `stop` ends
+/// the run after the current step with a checkpoint.
 pub fn train(
     config: &TrainConfig,
     run: &RunDir,
     resume: bool,
     backend: BackendChoice,
     devices: &DeviceSelection,
+    cluster: Option<Cluster>,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<Outcome> {
     let resolved = resolve(backend, devices, &probe())?;
-    if resolved.devices.len() > 1 {
-        eprintln!(
-            "warning: {} devices requested; training on several devices arrives with data parallelism, so this run uses the first",
-            resolved.devices.len()
-        );
-    }
     let task = Train {
         config: config.clone(),
         run: RunDir::open(&run.path),
         resume,
         memory: MemoryMeter::for_device(&resolved),
+        cluster,
         stop,
     };
     Ok(run_on(&resolved, task)??)
@@ -48,6 +48,7 @@ struct Train {
     run: RunDir,
     resume: bool,
     memory: MemoryMeter,
+    cluster: Option<Cluster>,
     stop: Arc<AtomicBool>,
 }
 
@@ -56,15 +57,15 @@ impl BackendTask for Train {
 
     fn run<B: AutodiffBackend>(mut self, devices: Vec<B::Device>) -> Self::Output {
         let mut console = Console::new(self.config.logging.print_every);
-        let device = devices
-            .into_iter()
-            .next()
-            .expect("resolve gives at least one device");
+        let placement = Placement {
+            devices,
+            cluster: self.cluster,
+        };
         let outcome = kiln_train::train::<B>(
             &self.config,
             &self.run,
             self.resume,
-            device,
+            placement,
             &mut self.memory,
             &mut console,
             &self.stop,
@@ -112,7 +113,7 @@ impl BackendTask for Eval {
             .into_iter()
             .next()
             .expect("resolve gives at least one device");
-        let (_, val) = loaders(&self.config)?;
+        let (_, val) = loaders(&self.config, Shard::WHOLE)?;
         let Some(val) = val else {
             return Err(TrainError::Data(kiln_data::DataError::Invalid(
                 "the data set has no validation part: give image_folder a val folder or val_fraction"

@@ -109,18 +109,22 @@ fn one_line(error: &anyhow::Error) -> String {
 }
 
 /// A panic is a kiln bug; show one line instead of a backtrace dump.
+/// The first line of a panic's message.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown cause".to_string());
+    message.lines().next().unwrap_or_default().to_string()
+}
+
 fn install_panic_hook() {
     if std::env::var_os("RUST_BACKTRACE").is_some() {
         return;
     }
     std::panic::set_hook(Box::new(|info| {
-        let message = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown cause".to_string());
-        let first_line = message.lines().next().unwrap_or_default();
+        let first_line = panic_message(info.payload());
         eprintln!(
             "error: kiln stopped unexpectedly ({first_line}); this is a bug, please report it (RUST_BACKTRACE=1 shows where)"
         );

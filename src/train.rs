@@ -21,6 +21,58 @@ pub struct TrainArgs {
 
     #[command(flatten)]
     options: ConfigOptions,
+
+    #[command(flatten)]
+    cluster: ClusterOptions,
+}
+
+/// A run over several machines: start the same command on each, with its own --node-rank.
+#[derive(Args)]
+struct ClusterOptions {
+    /// Machines in the run (each trains on its --devices; batch_size is split over all).
+    #[arg(long, default_value_t = 1)]
+    nodes: usize,
+
+    /// This machine's number, 0 to nodes-1. Machine 0 runs the coordinator.
+    #[arg(long, default_value_t = 0)]
+    node_rank: usize,
+
+    /// host:port of the coordinator on machine 0, reachable from every machine.
+    #[arg(long)]
+    coordinator: Option<String>,
+
+    /// host:port where this machine serves gradients to the others (default: its address on
+    /// the route to the coordinator, port = coordinator's + 1 + node rank).
+    #[arg(long)]
+    node_address: Option<String>,
+}
+
+impl ClusterOptions {
+    fn cluster(&self) -> anyhow::Result<Option<kiln::Cluster>> {
+        if self.nodes <= 1 {
+            return Ok(None);
+        }
+        if self.node_rank >= self.nodes {
+            bail!(
+                "--node-rank {} is out of range for --nodes {}: use 0 to {}",
+                self.node_rank,
+                self.nodes,
+                self.nodes - 1
+            );
+        }
+        let Some(coordinator) = self.coordinator.clone() else {
+            bail!(
+                "--nodes {} needs --coordinator host:port (machine 0's address)",
+                self.nodes
+            );
+        };
+        Ok(Some(kiln::Cluster {
+            nodes: self.nodes,
+            rank: self.node_rank,
+            coordinator,
+            node_address: self.node_address.clone(),
+        }))
+    }
 }
 
 /// What both `train` and `eval` take besides the config: overrides and where to run.
@@ -70,6 +122,7 @@ impl ConfigOptions {
 }
 
 pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
+    let cluster = args.cluster.cluster()?;
     let (config, run, resume) = match (&args.config, &args.resume) {
         (_, Some(dir)) => {
             let run = RunDir::open(dir);
@@ -102,7 +155,7 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         eprintln!("\nstopping after this step (Ctrl-C again to quit at once)");
     })
     .context("installing the Ctrl-C handler")?;
-    let result = kiln::train(&config, &run, resume, backend, &devices, stop);
+    let result = kiln::train(&config, &run, resume, backend, &devices, cluster, stop);
     if result.is_err() && !resume && run.is_empty() {
         // Nothing was recorded (a bad data path, a missing driver): leave no empty run behind.
         let _ = std::fs::remove_dir_all(&run.path);

@@ -7,15 +7,14 @@ use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
+use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Int, Tensor, TensorData};
 use kiln_backend::MemoryMeter;
 use kiln_models::{ResNet, ResNetConfig, Stem};
 use kiln_train::batch::DeviceBatch;
 use kiln_train::config::OptimizerConfig;
 use kiln_train::engine::train_step;
 use kiln_train::optim::AnyOptimizer;
-use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::CheckError;
@@ -231,19 +230,13 @@ fn random_batch<B: AutodiffBackend>(
     batch: usize,
     device: &B::Device,
 ) -> DeviceBatch<B> {
-    let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(0);
-    let shape = [batch, 3, workload.image_size, workload.image_size];
-    let pixels: Vec<f32> = (0..shape.iter().product::<usize>())
-        .map(|_| rng.random_range(-2.0..2.0))
-        .collect();
-    let labels: Vec<i64> = (0..batch)
-        .map(|_| rng.random_range(0..workload.model.num_classes as i64))
-        .collect();
-    DeviceBatch {
-        images: Tensor::from_data(TensorData::new(pixels, shape), device),
-        labels: Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [batch]), device),
-        skipped: Vec::new(),
-    }
+    crate::seeded_batch(
+        0,
+        batch,
+        workload.image_size,
+        workload.model.num_classes,
+        device,
+    )
 }
 
 /// A markdown table of kiln's rows, each beside the PyTorch rows of the same workload on the

@@ -19,14 +19,13 @@ use std::path::Path;
 
 use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
+use burn::tensor::TensorData;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Int, Tensor, TensorData};
 use kiln_models::{ResNet, ResNetConfig, weights};
 use kiln_train::batch::DeviceBatch;
 use kiln_train::config::OptimizerConfig;
 use kiln_train::engine::train_step;
 use kiln_train::optim::AnyOptimizer;
-use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::CheckError;
@@ -165,20 +164,14 @@ impl Capture {
 /// Step `step`'s batch: unit-variance uniform noise and labels from the spec's seed, the same
 /// on every backend.
 fn step_batch<B: Backend>(spec: &CompareSpec, step: usize, device: &B::Device) -> DeviceBatch<B> {
-    let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(spec.seed ^ ((step as u64 + 1) << 32));
-    let shape = [spec.batch, 3, spec.image_size, spec.image_size];
-    let limit = 3f32.sqrt();
-    let pixels: Vec<f32> = (0..shape.iter().product::<usize>())
-        .map(|_| rng.random_range(-limit..limit))
-        .collect();
-    let labels: Vec<i64> = (0..spec.batch)
-        .map(|_| rng.random_range(0..spec.model.num_classes as i64))
-        .collect();
-    DeviceBatch {
-        images: Tensor::from_data(TensorData::new(pixels, shape), device),
-        labels: Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [spec.batch]), device),
-        skipped: Vec::new(),
-    }
+    let seed = spec.seed ^ ((step as u64 + 1) << 32);
+    crate::seeded_batch(
+        seed,
+        spec.batch,
+        spec.image_size,
+        spec.model.num_classes,
+        device,
+    )
 }
 
 /// How far a backend may be from the reference, per stage, relative to the reference's largest

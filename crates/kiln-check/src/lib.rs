@@ -8,6 +8,36 @@
 pub mod bench;
 pub mod compare;
 
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use kiln_train::batch::DeviceBatch;
+use rand::{Rng, SeedableRng};
+
+/// A seeded batch of `n` random images `size` x `size` (uniform with unit variance, as
+/// normalized images are) and random labels below `classes`.
+fn seeded_batch<B: Backend>(
+    seed: u64,
+    n: usize,
+    size: usize,
+    classes: usize,
+    device: &B::Device,
+) -> DeviceBatch<B> {
+    let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(seed);
+    let shape = [n, 3, size, size];
+    let limit = 3f32.sqrt();
+    let pixels: Vec<f32> = (0..shape.iter().product::<usize>())
+        .map(|_| rng.random_range(-limit..limit))
+        .collect();
+    let labels: Vec<i64> = (0..n)
+        .map(|_| rng.random_range(0..classes as i64))
+        .collect();
+    DeviceBatch {
+        images: Tensor::from_data(TensorData::new(pixels, shape), device),
+        labels: Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [n]), device),
+        skipped: Vec::new(),
+    }
+}
+
 /// Why a check could not run (as opposed to a check that ran and found a difference).
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {

@@ -23,7 +23,7 @@ pub use dataset::{Dataset, InMemory, SharedDataset, Subset, split};
 pub use error::DataError;
 pub use image_folder::{IMAGE_EXTENSIONS, ImageFolder};
 pub use image_io::{ImageLimits, load_rgb};
-pub use loader::{Batches, HostBatch, Loader, LoaderConfig, OnBadImage};
+pub use loader::{Batches, HostBatch, Loader, LoaderConfig, OnBadImage, Shard};
 pub use source::{Source, Splits};
 pub use synthetic::Synthetic;
 pub use transforms::{EvalTransform, Pipeline, Transform};

@@ -41,6 +41,28 @@ pub struct LoaderConfig {
     pub prefetch: usize,
     pub seed: u64,
     pub on_bad_image: OnBadImage,
+    /// The part of each batch this process loads, when several machines train together.
+    pub shard: Shard,
+}
+
+/// Part `index` of `count` equal parts of every batch: each machine of a multi-machine run
+/// decodes only the images its devices train on, while all agree on the epoch's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl Shard {
+    /// The whole batch.
+    pub const WHOLE: Shard = Shard { index: 0, count: 1 };
+
+    /// The range of a batch of `len` items that this shard takes: as even as can be, the first
+    /// shards one larger when `len` does not divide.
+    pub fn range(&self, len: usize) -> std::ops::Range<usize> {
+        let start = |i: usize| i * (len / self.count) + i.min(len % self.count);
+        start(self.index)..start(self.index + 1)
+    }
 }
 
 impl LoaderConfig {
@@ -54,6 +76,7 @@ impl LoaderConfig {
             prefetch: 4,
             seed,
             on_bad_image: OnBadImage::Skip,
+            shard: Shard::WHOLE,
         }
     }
 }
@@ -170,7 +193,8 @@ impl EpochPlan {
     fn indices(&self, batch: usize) -> &[usize] {
         let size = self.shared.config.batch_size;
         let start = batch * size;
-        &self.order[start..(start + size).min(self.order.len())]
+        let whole = &self.order[start..(start + size).min(self.order.len())];
+        &whole[self.shared.config.shard.range(whole.len())]
     }
 
     /// Decodes, augments and normalizes one batch.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use image::{Rgb, RgbImage};
 use kiln_data::{
     Dataset, HostBatch, ImageFolder, ImageLimits, Loader, LoaderConfig, OnBadImage, Pipeline,
-    Synthetic, Transform,
+    Shard, Synthetic, Transform,
 };
 
 fn synthetic(len: usize) -> Arc<dyn Dataset> {
@@ -225,4 +225,34 @@ fn impossible_configurations_are_refused() {
         ..LoaderConfig::new(4, 0)
     };
     assert!(err(dropping).contains("drop_last"));
+}
+
+#[test]
+fn shards_of_each_batch_together_are_the_whole_batch_in_order() {
+    let dataset = synthetic(23);
+    let loader = |shard| {
+        let config = LoaderConfig {
+            shard,
+            ..LoaderConfig::new(5, 1)
+        };
+        Loader::new(dataset.clone(), augmenting(), config).unwrap()
+    };
+    let whole = collect(&loader(Shard::WHOLE), 2);
+    let parts: Vec<Vec<HostBatch>> = (0..3)
+        .map(|index| collect(&loader(Shard { index, count: 3 }), 2))
+        .collect();
+    assert_eq!(whole.len(), 5);
+    for (b, batch) in whole.iter().enumerate() {
+        let labels: Vec<i64> = parts.iter().flat_map(|p| p[b].labels.clone()).collect();
+        let images: Vec<f32> = parts.iter().flat_map(|p| p[b].images.clone()).collect();
+        assert_eq!(labels, batch.labels);
+        // Augmentation is seeded per image, so a shard's images are those of the whole batch.
+        assert_eq!(images, batch.images);
+        let sizes: Vec<usize> = parts.iter().map(|p| p[b].labels.len()).collect();
+        let n = batch.labels.len();
+        assert!(
+            sizes.iter().all(|&s| s == n / 3 || s == n / 3 + 1),
+            "{sizes:?}"
+        );
+    }
 }

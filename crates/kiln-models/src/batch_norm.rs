@@ -26,6 +26,10 @@ pub struct BatchNorm2d<B: Backend> {
     pub num_batches_tracked: RunningState<Tensor<B, 1>>,
     pub momentum: f64,
     pub eps: f64,
+    /// Normalize with the running statistics even while training, and leave them as they are
+    /// (detectron2's `FrozenBatchNorm2d`, for fine-tuning with few images per device). The
+    /// affine weight and bias still train.
+    pub frozen: bool,
 }
 
 impl<B: Backend> BatchNorm2d<B> {
@@ -45,11 +49,12 @@ impl<B: Backend> BatchNorm2d<B> {
             num_batches_tracked: RunningState::new(Tensor::zeros([1], device)),
             momentum: 0.1,
             eps: 1e-5,
+            frozen: false,
         }
     }
 
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        if B::ad_enabled(&x.device()) {
+        if B::ad_enabled(&x.device()) && !self.frozen {
             self.forward_train(x)
         } else {
             self.forward_eval(x)

@@ -71,6 +71,9 @@ pub struct ResNetConfig {
     /// identity (torchvision's `zero_init_residual`).
     #[config(default = false)]
     pub zero_init_residual: bool,
+    /// Batch norm with fixed running statistics (see [`BatchNorm2d::frozen`]).
+    #[config(default = false)]
+    pub freeze_batch_norm: bool,
 }
 
 impl ResNetConfig {
@@ -128,7 +131,7 @@ impl ResNetConfig {
         let layer3 = stage(2, 2);
         let layer4 = stage(3, 2);
 
-        Ok(ResNet {
+        let model = ResNet {
             conv1,
             bn1: BatchNorm2d::new(width, false, device),
             maxpool,
@@ -137,6 +140,11 @@ impl ResNetConfig {
             layer3,
             layer4,
             fc: LinearConfig::new(in_channels, self.num_classes).init(device),
+        };
+        Ok(if self.freeze_batch_norm {
+            model.with_frozen_batch_norm()
+        } else {
+            model
         })
     }
 }
@@ -359,6 +367,33 @@ impl<B: Backend> ResNet<B> {
 
     pub fn num_classes(&self) -> usize {
         self.fc.weight.dims()[1]
+    }
+
+    /// Freezes every batch norm (see [`BatchNorm2d::frozen`]).
+    pub fn with_frozen_batch_norm(mut self) -> Self {
+        self.bn1.frozen = true;
+        for stage in [
+            &mut self.layer1,
+            &mut self.layer2,
+            &mut self.layer3,
+            &mut self.layer4,
+        ] {
+            for block in stage.iter_mut() {
+                let (norms, downsample) = match block {
+                    Block::Basic(b) => (vec![&mut b.bn1, &mut b.bn2], &mut b.downsample),
+                    Block::Bottleneck(b) => {
+                        (vec![&mut b.bn1, &mut b.bn2, &mut b.bn3], &mut b.downsample)
+                    }
+                };
+                for norm in norms {
+                    norm.frozen = true;
+                }
+                if let Some(downsample) = downsample {
+                    downsample.bn.frozen = true;
+                }
+            }
+        }
+        self
     }
 }
 

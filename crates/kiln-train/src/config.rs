@@ -42,7 +42,13 @@ pub struct TrainConfig {
     #[serde(default)]
     pub seed: u64,
     pub epochs: usize,
+    /// Images per forward pass, over all devices and machines together: the hyperparameters
+    /// mean the same on one device or many.
     pub batch_size: usize,
+    /// Loader batches per optimizer step (gradient accumulation): the update is that of one
+    /// batch `accumulate` times larger.
+    #[serde(default = "one")]
+    pub accumulate: usize,
     /// Only `"f32"` so far; mixed precision comes with the scale issue.
     #[serde(default = "default_precision")]
     pub precision: String,
@@ -66,6 +72,10 @@ fn default_name() -> String {
     "run".into()
 }
 
+fn one() -> usize {
+    1
+}
+
 fn default_precision() -> String {
     "f32".into()
 }
@@ -81,6 +91,8 @@ pub struct ModelSection {
     /// The data set's class count when absent.
     pub num_classes: Option<usize>,
     pub zero_init_residual: bool,
+    /// Batch norm with fixed running statistics, for fine-tuning with few images per device.
+    pub freeze_batch_norm: bool,
     /// `"torchvision"` for torchvision's ImageNet weights, or a path to a state dict.
     pub pretrained: Option<String>,
 }
@@ -93,6 +105,7 @@ impl Default for ModelSection {
             width: 64,
             num_classes: None,
             zero_init_residual: false,
+            freeze_batch_norm: false,
             pretrained: None,
         }
     }
@@ -349,6 +362,7 @@ impl TrainConfig {
             seed: 0,
             epochs,
             batch_size,
+            accumulate: 1,
             precision: default_precision(),
             model: ModelSection::default(),
             data: DataSection::new(source),
@@ -419,6 +433,9 @@ impl TrainConfig {
         }
         if self.batch_size == 0 {
             return invalid("batch_size", "must be at least 1".into());
+        }
+        if self.accumulate == 0 {
+            return invalid("accumulate", "must be at least 1".into());
         }
         if self.precision != "f32" {
             return invalid(

@@ -12,7 +12,9 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor};
 use kiln_backend::MemoryMeter;
-use kiln_data::{DataError, ImageLimits, Loader, LoaderConfig, Pipeline};
+use kiln_data::{
+    Batches, DataError, HostBatch, ImageLimits, Loader, LoaderConfig, Pipeline, Shard,
+};
 use kiln_models::pretrained::{self, PretrainedError};
 use kiln_models::weights::{self, WeightsError};
 use kiln_models::{ModelError, ResNet, ResNetConfig, Stem};
@@ -21,6 +23,7 @@ use crate::batch::{DeviceBatch, Uploaded};
 use crate::checkpoint::{self, CheckpointError, EpochSums, Position};
 use crate::config::{ModelSection, TrainConfig};
 use crate::optim::AnyOptimizer;
+use crate::parallel::{ParallelError, Placement, Replicas};
 use crate::run_dir::{EpochSummary, RunDir};
 use crate::schedule::Schedule;
 
@@ -36,6 +39,8 @@ pub enum TrainError {
     Pretrained(#[from] PretrainedError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Parallel(#[from] ParallelError),
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -62,6 +67,8 @@ pub enum Event<'a> {
         train_images: usize,
         val_images: Option<usize>,
         iterations_per_epoch: usize,
+        /// Model replicas on all devices and machines together.
+        replicas: usize,
         resumed_from: Option<&'a Path>,
     },
     Iteration {
@@ -105,39 +112,49 @@ pub enum Outcome {
     Stopped { checkpoint: PathBuf },
 }
 
-/// Trains `config` on `device`, writing into `run`. With `resume`, continues from the run's
-/// latest checkpoint. `memory` measures the device for each epoch's summary. `stop` (set by
-/// Ctrl-C) ends the run after the current step with a checkpoint.
+/// Trains `config` on the devices (and machines) of `placement`, writing into `run`. With
+/// `resume`, continues from the run's latest checkpoint. `memory` measures the first device for
+/// each epoch's summary. `stop` (set by Ctrl-C) ends the run after the current step with a
+/// checkpoint.
 #[allow(clippy::too_many_arguments)]
 pub fn train<B: AutodiffBackend>(
     config: &TrainConfig,
     run: &RunDir,
     resume: bool,
-    device: B::Device,
+    placement: Placement<B::Device>,
     memory: &mut MemoryMeter,
     observer: &mut dyn Observer,
     stop: &AtomicBool,
 ) -> Result<Outcome, TrainError> {
+    let device = placement.devices[0].clone();
     B::seed(&device, config.seed);
-    let (train_loader, val_loader) = loaders(config)?;
+    let (train_loader, val_loader) = loaders(config, shard(&placement))?;
     let classes = train_loader.dataset().classes().len();
-    let mut model = build_model::<B>(&config.model, classes, &device)?;
-    let mut optimizer = AnyOptimizer::<ResNet<B>, B>::new(&config.optimizer);
+    let model = build_model::<B>(&config.model, classes, &device)?;
+    let new_optimizer = || AnyOptimizer::<ResNet<B>, B>::new(&config.optimizer);
+    let mut replicas = Replicas::new(
+        model,
+        new_optimizer,
+        |device| loss_function::<B>(config, device),
+        &placement,
+    )?;
     let batches = train_loader.len();
     let schedule = Schedule::new(
         &config.schedule,
         config.optimizer.lr,
         config.epochs,
-        batches,
+        batches.div_ceil(config.accumulate),
     );
-    let loss_fn = loss_function::<B>(config, &device);
 
     let mut position = Position::default();
     let mut history = Vec::new();
     let mut resumed_from = None;
     if resume {
         let (path, saved) = checkpoint::latest(&run.checkpoints())?;
-        (model, optimizer) = checkpoint::load(&path, model, optimizer, &device)?;
+        replicas.restore(
+            |model, optimizer, device| checkpoint::load(&path, model, optimizer, device),
+            new_optimizer,
+        )?;
         position = saved;
         history = run.history();
         history.retain(|s| s.epoch <= position.epoch);
@@ -147,64 +164,64 @@ pub fn train<B: AutodiffBackend>(
         run_dir: &run.path,
         train_images: train_loader.dataset().len(),
         val_images: val_loader.as_ref().map(|l| l.dataset().len()),
-        iterations_per_epoch: batches,
+        iterations_per_epoch: batches.div_ceil(config.accumulate),
+        replicas: placement.peers(),
         resumed_from: resumed_from.as_deref(),
     });
 
     for epoch in position.epoch..config.epochs {
         let clock = Instant::now();
         memory.reset_peak();
-        let host = train_loader.epoch_from(epoch as u64, position.batch);
-        for batch in Uploaded::<B, _>::new(host, device.clone()) {
-            let batch = batch?;
-            position.batch += 1;
-            position.sums.skipped += batch.skipped.len();
-            for skipped in &batch.skipped {
-                observer.event(Event::Skipped(skipped));
-            }
-            if batch.is_empty() {
+        let mut host = train_loader.epoch_from(epoch as u64, position.batch);
+        while let Some(step_batches) = next_step(&mut host, config.accumulate, observer)? {
+            position.batch += step_batches.len();
+            position.sums.skipped += step_batches.iter().map(|b| b.skipped.len()).sum::<usize>();
+            let lr = schedule.lr(position.iteration);
+            let step = replicas.step(step_batches, lr)?;
+            memory.sample();
+            if step.images == 0 {
                 continue;
             }
-            let lr = schedule.lr(position.iteration);
-            let images = batch.len();
-            let (next, loss, correct) = train_step(model, &mut optimizer, &loss_fn, batch, lr);
-            model = next;
-            memory.sample();
-            if !loss.is_finite() {
+            if !step.loss.is_finite() {
                 return Err(TrainError::NonFinite {
                     epoch: epoch + 1,
                     iteration: position.iteration,
-                    loss,
+                    loss: step.loss,
                     lr,
                     checkpoint: checkpoint::latest(&run.checkpoints()).ok().map(|(p, _)| p),
                 });
             }
             position.iteration += 1;
-            position.sums.loss += loss * images as f64;
-            position.sums.correct += correct;
-            position.sums.seen += images;
+            position.sums.loss += step.loss * step.images as f64;
+            position.sums.correct += step.correct;
+            position.sums.seen += step.images;
             observer.event(Event::Iteration {
                 epoch,
                 epochs: config.epochs,
                 batch: position.batch,
                 batches,
                 iteration: position.iteration,
-                loss,
+                loss: step.loss,
                 lr,
-                images,
+                images: step.images,
             });
             if stop.load(Ordering::SeqCst) {
                 position.sums.seconds += clock.elapsed().as_secs_f64();
                 let name = format!("epoch-{:04}-batch-{:06}", epoch + 1, position.batch);
-                let path =
-                    checkpoint::save(&run.checkpoints(), &name, &model, &optimizer, &position)?;
+                let path = checkpoint::save(
+                    &run.checkpoints(),
+                    &name,
+                    replicas.model(),
+                    replicas.optimizer(),
+                    &position,
+                )?;
                 observer.event(Event::Stopped(&path));
                 return Ok(Outcome::Stopped { checkpoint: path });
             }
         }
 
         let validation = match &val_loader {
-            Some(loader) => Some(evaluate(&model.valid(), loader, &device)?),
+            Some(loader) => Some(evaluate(&replicas.model().valid(), loader, &device)?),
             None => None,
         };
         let sums = std::mem::take(&mut position.sums);
@@ -229,8 +246,8 @@ pub fn train<B: AutodiffBackend>(
             save_epoch_checkpoint(
                 config,
                 run,
-                &model,
-                &optimizer,
+                replicas.model(),
+                replicas.optimizer(),
                 &mut position,
                 summary.val_top1,
                 observer,
@@ -239,7 +256,8 @@ pub fn train<B: AutodiffBackend>(
     }
 
     let model_path = run.model_path();
-    weights::save_safetensors(&model.valid(), &model_path)?;
+    weights::save_safetensors(&replicas.model().valid(), &model_path)?;
+    replicas.finish()?;
     observer.event(Event::Finished { model: &model_path });
     Ok(Outcome::Finished {
         last: history.last().cloned(),
@@ -247,9 +265,40 @@ pub fn train<B: AutodiffBackend>(
     })
 }
 
+/// The next optimizer step's loader batches: `accumulate` of them, fewer at the end of an
+/// epoch, `None` when the epoch is over. Reports the images each left out.
+fn next_step(
+    host: &mut Batches,
+    accumulate: usize,
+    observer: &mut dyn Observer,
+) -> Result<Option<Vec<HostBatch>>, DataError> {
+    let mut step = Vec::with_capacity(accumulate);
+    for batch in host.by_ref().take(accumulate) {
+        let batch = batch?;
+        for skipped in &batch.skipped {
+            observer.event(Event::Skipped(skipped));
+        }
+        step.push(batch);
+    }
+    Ok((!step.is_empty()).then_some(step))
+}
+
+/// The part of each batch this machine loads: all of it, or its share on a multi-machine run.
+fn shard<D>(placement: &Placement<D>) -> Shard {
+    match &placement.cluster {
+        Some(cluster) => Shard {
+            index: cluster.rank,
+            count: cluster.nodes,
+        },
+        None => Shard::WHOLE,
+    }
+}
+
 /// One optimizer step: forward, loss, backward, update. Returns the updated model, the batch's
-/// mean loss and how many images it classified correctly. Public so that benchmarks time
-/// exactly the step that training runs.
+/// mean loss and how many images it classified correctly. This is a one-device training step
+/// without accumulation (`parallel::Replicas::step` adds the weighting, accumulation and
+/// all-reduce around the same forward and backward); kiln's benchmarks and backend comparison
+/// time and check it.
 pub fn train_step<B: AutodiffBackend>(
     model: ResNet<B>,
     optimizer: &mut AnyOptimizer<ResNet<B>, B>,
@@ -265,7 +314,7 @@ pub fn train_step<B: AutodiffBackend>(
     (optimizer.step(lr, model, grads), loss_value, correct)
 }
 
-fn count_correct<B: Backend>(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> usize {
+pub(crate) fn count_correct<B: Backend>(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> usize {
     let predicted = logits.argmax(1).flatten::<1>(0, 1);
     let hits: i64 = predicted.equal(labels).int().sum().into_scalar().elem();
     hits as usize
@@ -318,8 +367,9 @@ pub fn evaluate<B: Backend>(
     })
 }
 
-/// The train and validation loaders the config describes.
-pub fn loaders(config: &TrainConfig) -> Result<(Loader, Option<Loader>), DataError> {
+/// The train and validation loaders the config describes; the train loader loads `shard` of
+/// each batch.
+pub fn loaders(config: &TrainConfig, shard: Shard) -> Result<(Loader, Option<Loader>), DataError> {
     let data = &config.data;
     let limits = ImageLimits {
         max_side: data.max_image_side,
@@ -334,6 +384,7 @@ pub fn loaders(config: &TrainConfig) -> Result<(Loader, Option<Loader>), DataErr
         prefetch: data.prefetch,
         seed: config.seed,
         on_bad_image: data.on_bad_image,
+        shard,
     };
     let train = Loader::new(
         splits.train,
@@ -343,6 +394,7 @@ pub fn loaders(config: &TrainConfig) -> Result<(Loader, Option<Loader>), DataErr
     let val_config = LoaderConfig {
         shuffle: false,
         drop_last: false,
+        shard: Shard::WHOLE,
         ..loader_config
     };
     let val = splits
@@ -368,6 +420,7 @@ pub fn build_model<B: Backend>(
     };
     config.width = section.width;
     config.zero_init_residual = section.zero_init_residual;
+    config.freeze_batch_norm = section.freeze_batch_norm;
     let model = config.init::<B>(device)?;
     let path = match section.pretrained.as_deref() {
         None => return Ok(model),

@@ -4,6 +4,7 @@
 //! - `optim`, `schedule`: PyTorch's optimizers and learning-rate schedules.
 //! - `engine`: the training loop and evaluation; `checkpoint` and `run_dir` keep its state and
 //!   record; `progress` shows it on a console.
+//! - `parallel`: data parallel replicas over devices and machines.
 //! - `batch`: host batches onto a device; `predict`: `kiln predict`.
 
 pub mod batch;
@@ -11,6 +12,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod engine;
 pub mod optim;
+pub mod parallel;
 pub mod predict;
 pub mod progress;
 pub mod run_dir;

@@ -14,6 +14,8 @@ pub struct Console {
     print_every: usize,
     bar: Option<ProgressBar>,
     terminal: bool,
+    /// Model replicas of the run, for the images/s per device.
+    replicas: usize,
     /// Loss summed over the iterations since the last running-loss line.
     window_loss: f64,
     window_steps: usize,
@@ -28,6 +30,7 @@ impl Console {
             print_every: print_every.max(1),
             bar: None,
             terminal: std::io::stderr().is_terminal(),
+            replicas: 1,
             window_loss: 0.0,
             window_steps: 0,
             window_images: 0,
@@ -64,16 +67,22 @@ impl Observer for Console {
                 train_images,
                 val_images,
                 iterations_per_epoch,
+                replicas,
                 resumed_from,
             } => {
+                self.replicas = replicas;
                 if let Some(from) = resumed_from {
                     self.line(format!("resuming from {}", from.display()));
                 }
                 let val = val_images.map_or("no validation set".into(), |n| {
                     format!("{n} validation images")
                 });
+                let devices = match replicas {
+                    1 => String::new(),
+                    n => format!(" on {n} devices"),
+                };
                 self.line(format!(
-                    "training on {train_images} images ({iterations_per_epoch} iterations an epoch), {val}; run directory {}",
+                    "training{devices} on {train_images} images ({iterations_per_epoch} iterations an epoch), {val}; run directory {}",
                     run_dir.display()
                 ));
                 self.window_start = Instant::now();
@@ -131,8 +140,12 @@ impl Observer for Console {
                     .peak_memory_bytes
                     .map(|b| format!(", peak memory {:.2} GiB", b as f64 / GIB))
                     .unwrap_or_default();
+                let per_device = match self.replicas {
+                    1 => String::new(),
+                    n => format!(" ({:.0} per device)", summary.images_per_s / n as f64),
+                };
                 self.line(format!(
-                    "epoch {}: train loss {:.4} accuracy {:.2}%{val}, {:.1} s, {:.0} img/s{memory}{skipped}",
+                    "epoch {}: train loss {:.4} accuracy {:.2}%{val}, {:.1} s, {:.0} img/s{per_device}{memory}{skipped}",
                     summary.epoch,
                     summary.train_loss,
                     summary.train_accuracy * 100.0,

@@ -8,6 +8,7 @@ use std::sync::{Mutex, MutexGuard};
 use burn::backend::{Autodiff, Flex};
 use kiln_backend::MemoryMeter;
 use kiln_train::checkpoint::{self, Position};
+use kiln_train::parallel::Placement;
 use kiln_train::{EpochSummary, Event, Observer, Outcome, RunDir, Silent, TrainConfig, train};
 
 type B = Autodiff<Flex>;
@@ -99,7 +100,7 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
         &config,
         &whole,
         false,
-        Default::default(),
+        Placement::single(Default::default()),
         &mut MemoryMeter::none(),
         &mut Silent,
         &never,
@@ -118,7 +119,7 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
             &config,
             &interrupted,
             resume,
-            Default::default(),
+            Placement::single(Default::default()),
             &mut MemoryMeter::none(),
             &mut observer,
             &stop,
@@ -156,7 +157,7 @@ fn a_half_written_checkpoint_is_never_the_one_loaded() {
         &config,
         &run,
         false,
-        Default::default(),
+        Placement::single(Default::default()),
         &mut MemoryMeter::none(),
         &mut Silent,
         &never,
@@ -191,7 +192,7 @@ fn a_half_written_checkpoint_is_never_the_one_loaded() {
         &config,
         &run,
         true,
-        Default::default(),
+        Placement::single(Default::default()),
         &mut MemoryMeter::none(),
         &mut Silent,
         &never,
@@ -210,7 +211,7 @@ fn a_diverging_loss_stops_the_run_and_names_the_last_good_checkpoint() {
         &config,
         &run,
         false,
-        Default::default(),
+        Placement::single(Default::default()),
         &mut MemoryMeter::none(),
         &mut Silent,
         &never,
@@ -230,7 +231,7 @@ fn a_diverging_loss_stops_the_run_and_names_the_last_good_checkpoint() {
         &exploding,
         &run,
         true,
-        Default::default(),
+        Placement::single(Default::default()),
         &mut MemoryMeter::none(),
         &mut Silent,
         &never,
@@ -256,7 +257,7 @@ fn a_checkpoint_written_on_one_backend_resumes_on_another() {
         &first,
         &run,
         false,
-        Default::default(),
+        Placement::single(Default::default()),
         &mut MemoryMeter::none(),
         &mut Silent,
         &never,
@@ -268,7 +269,7 @@ fn a_checkpoint_written_on_one_backend_resumes_on_another() {
         &longer,
         &run,
         true,
-        Default::default(),
+        Placement::single(Default::default()),
         &mut MemoryMeter::none(),
         &mut Silent,
         &never,

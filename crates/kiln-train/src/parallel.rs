@@ -1,0 +1,505 @@
+//! Data parallel training, as PyTorch's DistributedDataParallel does it: one model replica per
+//! device (on every machine of the run), each step's images split evenly between the replicas,
+//! the gradients summed through burn-collective's all-reduce, and the same optimizer step taken
+//! by every replica, so that they stay identical without ever sending weights.
+//!
+//! The loss of each replica is weighted by its share of the step's images, so the summed
+//! gradient is exactly the gradient of the mean loss over the whole step (uneven splits and
+//! skipped images included). With `accumulate = k` a step is k loader batches, run one after
+//! another through the same replicas before the one all-reduce.
+//!
+//! Batch norm normalizes with each replica's own images (PyTorch DDP's default); its running
+//! statistics are those of replica 0, which is the one checkpointed and exported.
+
+use std::net::{ToSocketAddrs, UdpSocket};
+
+use burn::collective::{
+    self, AllReduceStrategy, CollectiveConfig, CollectiveError, PeerId, ReduceOperation, all_reduce,
+};
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::nn::loss::CrossEntropyLoss;
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Tensor, TensorData, TensorPrimitive};
+use kiln_data::HostBatch;
+use kiln_models::ResNet;
+
+use crate::batch::to_device;
+use crate::optim::AnyOptimizer;
+
+/// The machines of a multi-machine run and this machine's place among them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cluster {
+    pub nodes: usize,
+    /// This machine's number, 0 to `nodes - 1`. Machine 0 runs the coordinator.
+    pub rank: usize,
+    /// `host:port` of the coordinator (burn-collective's global orchestrator).
+    pub coordinator: String,
+    /// `host:port` where this machine serves its tensors to the others. Default: the address
+    /// this machine reaches the coordinator from, port = coordinator's + 1 + rank.
+    pub node_address: Option<String>,
+}
+
+impl Cluster {
+    fn coordinator_port(&self) -> Result<u16, ParallelError> {
+        self.coordinator
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
+            .ok_or_else(|| ParallelError::Address(self.coordinator.clone()))
+    }
+
+    /// Where this node's data service listens, as `(host:port, port)`.
+    fn node_address(&self) -> Result<(String, u16), ParallelError> {
+        let address = match &self.node_address {
+            Some(address) => address.clone(),
+            None => {
+                let port = self.coordinator_port()? as usize + 1 + self.rank;
+                format!("{}:{port}", self.local_host()?)
+            }
+        };
+        let port = address
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
+            .ok_or_else(|| ParallelError::Address(address.clone()))?;
+        Ok((address, port))
+    }
+
+    /// The local IP address on the route to the coordinator (a UDP `connect` sends nothing).
+    fn local_host(&self) -> Result<String, ParallelError> {
+        let unreachable = |_| ParallelError::Address(self.coordinator.clone());
+        let target = self
+            .coordinator
+            .to_socket_addrs()
+            .map_err(unreachable)?
+            .next()
+            .ok_or_else(|| ParallelError::Address(self.coordinator.clone()))?;
+        let socket = UdpSocket::bind(("0.0.0.0", 0)).map_err(unreachable)?;
+        socket.connect(target).map_err(unreachable)?;
+        Ok(socket.local_addr().map_err(unreachable)?.ip().to_string())
+    }
+}
+
+/// Where a run trains: its devices on this machine and, for a multi-machine run, the cluster.
+#[derive(Debug, Clone)]
+pub struct Placement<D> {
+    pub devices: Vec<D>,
+    pub cluster: Option<Cluster>,
+}
+
+impl<D> Placement<D> {
+    /// One device, one machine.
+    pub fn single(device: D) -> Self {
+        Self {
+            devices: vec![device],
+            cluster: None,
+        }
+    }
+
+    /// Replicas on all machines together.
+    pub fn peers(&self) -> usize {
+        self.devices.len() * self.cluster.as_ref().map_or(1, |c| c.nodes)
+    }
+
+    fn first_peer(&self) -> usize {
+        self.devices.len() * self.cluster.as_ref().map_or(0, |c| c.rank)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ParallelError {
+    #[error(
+        "{0} is not a usable host:port for the coordinator or a node (for example 10.0.0.1:29500)"
+    )]
+    Address(String),
+    #[error(
+        "the data-parallel all-reduce failed: {0}. On a multi-machine run, check that every machine started with the same --nodes and --coordinator, and that the coordinator's and each node's port are open"
+    )]
+    Collective(String),
+}
+
+impl From<CollectiveError> for ParallelError {
+    fn from(error: CollectiveError) -> Self {
+        ParallelError::Collective(format!("{error:?}"))
+    }
+}
+
+/// What one optimizer step saw, over every replica on every machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepStats {
+    pub images: usize,
+    /// Mean loss over the step's images.
+    pub loss: f64,
+    pub correct: usize,
+}
+
+/// The model replicas of this machine, each with its device and optimizer state.
+pub struct Replicas<B: AutodiffBackend> {
+    replicas: Vec<Replica<B>>,
+    /// True when there is more than one replica in the whole run.
+    collective: bool,
+}
+
+struct Replica<B: AutodiffBackend> {
+    model: Option<ResNet<B>>,
+    optimizer: AnyOptimizer<ResNet<B>, B>,
+    loss_fn: CrossEntropyLoss<B>,
+    device: B::Device,
+    peer: PeerId,
+}
+
+impl<B: AutodiffBackend> Replicas<B> {
+    /// One replica per device of `placement`, all starting from `model`, `optimizer` and the
+    /// loss function that `make_loss` builds for a device. Joins the collective (and, on
+    /// machine 0 of a multi-machine run, starts the coordinator first).
+    pub fn new(
+        model: ResNet<B>,
+        make_optimizer: impl Fn() -> AnyOptimizer<ResNet<B>, B>,
+        make_loss: impl Fn(&B::Device) -> CrossEntropyLoss<B>,
+        placement: &Placement<B::Device>,
+    ) -> Result<Self, ParallelError> {
+        let first = placement.first_peer();
+        let replicas = placement
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, device)| Replica {
+                model: Some(replica_of(&model, device)),
+                optimizer: make_optimizer(),
+                loss_fn: make_loss(device),
+                device: device.clone(),
+                peer: PeerId::from(first + i),
+            })
+            .collect();
+        let mut replicas = Self {
+            replicas,
+            collective: placement.peers() > 1,
+        };
+        if replicas.collective {
+            replicas.join(placement)?;
+        }
+        Ok(replicas)
+    }
+
+    fn join(&mut self, placement: &Placement<B::Device>) -> Result<(), ParallelError> {
+        let mut config = CollectiveConfig::default().with_num_devices(self.replicas.len());
+        if let Some(cluster) = &placement.cluster {
+            let port = cluster.coordinator_port()?;
+            if cluster.rank == 0 {
+                start_coordinator(port);
+            }
+            let (node_address, data_port) = cluster.node_address()?;
+            let parse = |a: String| {
+                a.parse()
+                    .map_err(|_| ParallelError::Address(cluster.coordinator.clone()))
+            };
+            config = config
+                .with_num_nodes(cluster.nodes as u32)
+                .with_global_address(parse(format!("ws://{}", cluster.coordinator))?)
+                .with_node_address(parse(format!("ws://{node_address}"))?)
+                .with_data_service_port(data_port)
+                // burn-collective's global ring refuses tensors with fewer rows than machines
+                // (a one-element count, a small bias) instead of falling back.
+                .with_global_all_reduce_strategy(AllReduceStrategy::Tree(2));
+        }
+        collective::reset_collective::<B::InnerBackend>();
+        self.on_each(|replica| {
+            collective::register::<B::InnerBackend>(
+                replica.peer,
+                replica.device.clone(),
+                config.clone(),
+            )
+            .map_err(ParallelError::from)
+        })
+        .into_iter()
+        .collect()
+    }
+
+    /// Replica 0's model: the one evaluated, checkpointed and exported.
+    pub fn model(&self) -> &ResNet<B> {
+        self.replicas[0]
+            .model
+            .as_ref()
+            .expect("a replica holds its model between steps")
+    }
+
+    pub fn optimizer(&self) -> &AnyOptimizer<ResNet<B>, B> {
+        &self.replicas[0].optimizer
+    }
+
+    pub fn device(&self) -> &B::Device {
+        &self.replicas[0].device
+    }
+
+    /// Replaces every replica's model and optimizer state (a resumed checkpoint).
+    pub fn restore<E>(
+        &mut self,
+        mut load: impl FnMut(
+            ResNet<B>,
+            AnyOptimizer<ResNet<B>, B>,
+            &B::Device,
+        ) -> Result<(ResNet<B>, AnyOptimizer<ResNet<B>, B>), E>,
+        make_optimizer: impl Fn() -> AnyOptimizer<ResNet<B>, B>,
+    ) -> Result<(), E> {
+        for replica in &mut self.replicas {
+            let model = replica.model.take().expect("a replica holds its model");
+            let optimizer = std::mem::replace(&mut replica.optimizer, make_optimizer());
+            let (model, optimizer) = load(model, optimizer, &replica.device)?;
+            replica.model = Some(model);
+            replica.optimizer = optimizer;
+        }
+        Ok(())
+    }
+
+    /// One optimizer step over `batches` (one loader batch, or `accumulate` of them): each is
+    /// split between this machine's replicas, which train on their parts in parallel.
+    pub fn step(&mut self, batches: Vec<HostBatch>, lr: f64) -> Result<StepStats, ParallelError> {
+        let count = self.replicas.len();
+        let mut parts: Vec<Vec<HostBatch>> = (0..count).map(|_| Vec::new()).collect();
+        for batch in batches {
+            for (i, part) in split(batch, count).into_iter().enumerate() {
+                parts[i].push(part);
+            }
+        }
+        let collective = self.collective;
+        let mut parts = parts.into_iter();
+        let work: Vec<_> = self
+            .replicas
+            .iter_mut()
+            .map(|replica| (replica, parts.next().unwrap_or_default()))
+            .collect();
+        let results = run_each(work, |(replica, batches)| {
+            replica.step(batches, lr, collective)
+        });
+        let mut stats = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+        Ok(stats.swap_remove(0))
+    }
+
+    /// Leaves the collective, so that a later run in this process can join a new one.
+    pub fn finish(mut self) -> Result<(), ParallelError> {
+        if !self.collective {
+            return Ok(());
+        }
+        self.on_each(|replica| {
+            collective::finish_collective::<B::InnerBackend>(replica.peer)
+                .map_err(ParallelError::from)
+        })
+        .into_iter()
+        .collect()
+    }
+
+    fn on_each<T: Send>(&mut self, f: impl Fn(&mut Replica<B>) -> T + Sync) -> Vec<T> {
+        run_each(self.replicas.iter_mut().collect(), f)
+    }
+}
+
+/// A copy of `model` on `device` with state of its own: `clone` and `fork` alone would leave
+/// the replicas one batch-norm running state, which burn shares between clones.
+fn replica_of<B: AutodiffBackend>(model: &ResNet<B>, device: &B::Device) -> ResNet<B> {
+    ResNet::from_inner(model.valid()).fork(device)
+}
+
+/// Runs `f` on every item, each on its own thread when there are several (the collective's
+/// calls block until every peer has made them), inline when there is one.
+fn run_each<I: Send, T: Send>(items: Vec<I>, f: impl Fn(I) -> T + Sync) -> Vec<T> {
+    if items.len() == 1 {
+        return items.into_iter().map(f).collect();
+    }
+    std::thread::scope(|scope| {
+        let f = &f;
+        let handles: Vec<_> = items
+            .into_iter()
+            .map(|item| scope.spawn(move || f(item)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| {
+                handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
+}
+
+impl<B: AutodiffBackend> Replica<B> {
+    /// Forward and backward over each of `batches`, gradients summed (each loss weighted by
+    /// its share of the step's images on all replicas), all-reduced, then the optimizer step.
+    fn step(
+        &mut self,
+        batches: Vec<HostBatch>,
+        lr: f64,
+        collective: bool,
+    ) -> Result<StepStats, ParallelError> {
+        let model = self
+            .model
+            .take()
+            .expect("a replica holds its model between steps");
+        let local: usize = batches.iter().map(|b| b.labels.len()).sum();
+        let total = if collective {
+            self.sum(&[local as f64])?[0] as usize
+        } else {
+            local
+        };
+        let mut accumulator = GradientsAccumulator::new();
+        let (mut loss_sum, mut correct) = (0.0, 0);
+        for batch in batches.into_iter().filter(|b| !b.labels.is_empty()) {
+            let batch = to_device::<B>(batch, &self.device);
+            let n = batch.len();
+            let logits = model.forward(batch.images);
+            correct += crate::engine::count_correct(logits.clone().detach(), batch.labels.clone());
+            let loss = self.loss_fn.forward(logits, batch.labels);
+            let value: f64 = loss.clone().into_scalar().elem();
+            loss_sum += value * n as f64;
+            let share = n as f64 / total as f64;
+            let grads = GradientsParams::from_grads((loss * share).backward(), &model);
+            accumulator.accumulate(&model, grads);
+        }
+        let mut grads = accumulator.grads();
+        if collective {
+            // Every peer must all-reduce the same tensors in the same order, including one
+            // that had no images this step.
+            fill_missing_with_zeros(&model, &mut grads);
+            grads = grads.all_reduce::<B::InnerBackend>(self.peer, ReduceOperation::Sum)?;
+        }
+        if total > 0 {
+            self.model = Some(self.optimizer.step(lr, model, grads));
+        } else {
+            self.model = Some(model);
+        }
+        if collective {
+            let sums = self.sum(&[loss_sum, correct as f64])?;
+            (loss_sum, correct) = (sums[0], sums[1].round() as usize);
+        }
+        Ok(StepStats {
+            images: total,
+            loss: loss_sum / total.max(1) as f64,
+            correct,
+        })
+    }
+
+    /// The sum of `values` over every peer of the run.
+    fn sum(&self, values: &[f64]) -> Result<Vec<f64>, ParallelError> {
+        let data = TensorData::new(values.iter().map(|&v| v as f32).collect(), [values.len()]);
+        let tensor = Tensor::<B::InnerBackend, 1>::from_data(data, &self.device);
+        let primitive = tensor.into_primitive().tensor();
+        let summed = all_reduce::<B::InnerBackend>(self.peer, primitive, ReduceOperation::Sum)?;
+        let summed = Tensor::<B::InnerBackend, 1>::from_primitive(TensorPrimitive::Float(summed));
+        Ok(summed
+            .into_data()
+            .convert::<f64>()
+            .to_vec()
+            .expect("an f64 vector"))
+    }
+}
+
+/// Registers a zero gradient for every trainable parameter `grads` lacks.
+fn fill_missing_with_zeros<B: AutodiffBackend>(model: &ResNet<B>, grads: &mut GradientsParams) {
+    struct Fill<'a, B: AutodiffBackend> {
+        grads: &'a mut GradientsParams,
+        _backend: std::marker::PhantomData<B>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Fill<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            // Batch-norm running statistics come through here too; they take no gradient.
+            let trainable = param.val().is_require_grad();
+            if trainable && self.grads.get::<B::InnerBackend, D>(param.id).is_none() {
+                let zeros = param.val().inner().zeros_like();
+                self.grads.register::<B::InnerBackend, D>(param.id, zeros);
+            }
+        }
+    }
+    model.visit(&mut Fill::<B> {
+        grads,
+        _backend: std::marker::PhantomData,
+    });
+}
+
+/// Splits a host batch into `parts` consecutive parts, as even as can be.
+pub fn split(batch: HostBatch, parts: usize) -> Vec<HostBatch> {
+    if parts == 1 {
+        return vec![batch];
+    }
+    let [n, c, h, w] = batch.shape;
+    let per_image = c * h * w;
+    let mut skipped = Some(batch.skipped);
+    (0..parts)
+        .map(|i| {
+            let range = kiln_data::Shard {
+                index: i,
+                count: parts,
+            }
+            .range(n);
+            HostBatch {
+                images: batch.images[range.start * per_image..range.end * per_image].to_vec(),
+                shape: [range.len(), c, h, w],
+                labels: batch.labels[range].to_vec(),
+                skipped: skipped.take().unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
+/// Starts burn-collective's global orchestrator on `port`, in the background for the life of
+/// the process.
+fn start_coordinator(port: u16) {
+    std::thread::spawn(move || {
+        match tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime.block_on(collective::start_global_orchestrator(port)),
+            Err(error) => eprintln!("error: cannot start the coordinator on port {port}: {error}"),
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(n: usize) -> HostBatch {
+        HostBatch {
+            images: (0..n * 3).map(|i| i as f32).collect(),
+            shape: [n, 3, 1, 1],
+            labels: (0..n as i64).collect(),
+            skipped: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn split_keeps_every_image_once_in_order_and_evenly() {
+        let parts = split(batch(7), 3);
+        let sizes: Vec<usize> = parts.iter().map(|p| p.labels.len()).collect();
+        assert_eq!(sizes, [3, 2, 2]);
+        let labels: Vec<i64> = parts.iter().flat_map(|p| p.labels.clone()).collect();
+        assert_eq!(labels, (0..7).collect::<Vec<_>>());
+        let images: Vec<f32> = parts.iter().flat_map(|p| p.images.clone()).collect();
+        assert_eq!(images, batch(7).images);
+        assert!(parts.iter().all(|p| p.shape[0] == p.labels.len()));
+    }
+
+    #[test]
+    fn a_batch_smaller_than_the_replicas_leaves_some_empty() {
+        let sizes: Vec<usize> = split(batch(1), 2).iter().map(|p| p.labels.len()).collect();
+        assert_eq!(sizes, [1, 0]);
+    }
+
+    #[test]
+    fn default_node_address_is_on_the_route_to_the_coordinator() {
+        let cluster = Cluster {
+            nodes: 2,
+            rank: 1,
+            coordinator: "127.0.0.1:29500".into(),
+            node_address: None,
+        };
+        assert_eq!(
+            cluster.node_address().unwrap(),
+            ("127.0.0.1:29502".to_string(), 29502)
+        );
+        let bad = Cluster {
+            coordinator: "no-port".into(),
+            ..cluster
+        };
+        assert!(matches!(bad.node_address(), Err(ParallelError::Address(_))));
+    }
+}

@@ -1,0 +1,153 @@
+//! Data parallel and accumulated steps are the same update as one device on the whole batch.
+//!
+//! Batch norm is frozen here: with per-device batch statistics (PyTorch DDP's default) the
+//! forward pass itself depends on how the batch is split, so no split could match. Frozen, each
+//! image's loss depends on that image alone, and any difference is the engine's.
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Mutex, MutexGuard};
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+use kiln_backend::MemoryMeter;
+use kiln_models::weights;
+use kiln_train::engine::build_model;
+use kiln_train::parallel::Placement;
+use kiln_train::{Outcome, RunDir, Silent, TrainConfig, train};
+
+type B = Autodiff<Flex>;
+
+/// One run at a time: burn's seed and burn-collective's server are process-wide.
+static ONE_RUN_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn take_turn() -> MutexGuard<'static, ()> {
+    ONE_RUN_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+const CONFIG: &str = r#"
+name = "dp"
+seed = 5
+epochs = 2
+batch_size = 5
+[model]
+name = "resnet18"
+stem = "cifar"
+width = 4
+freeze_batch_norm = true
+[data]
+source = { kind = "synthetic", train_size = 20, image_size = 8, num_classes = 3 }
+workers = 0
+train_transforms = [{ op = "random_crop", size = 8, padding = 1 }, { op = "random_horizontal_flip" }]
+[optimizer]
+name = "sgd"
+lr = 0.1
+momentum = 0.9
+weight_decay = 5e-4
+"#;
+
+fn config(runs: &Path, overrides: &[&str]) -> TrainConfig {
+    let mut overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    overrides.push(format!("logging.runs_dir = '{}'", runs.display()));
+    TrainConfig::parse(CONFIG, Path::new("dp.toml"), &overrides).unwrap()
+}
+
+/// Trains on `replicas` copies of the CPU device and returns every parameter, flattened.
+fn trained(config: &TrainConfig, replicas: usize) -> Vec<f32> {
+    let device = burn::tensor::Device::<B>::default();
+    let run = RunDir::create(&config.logging.runs_dir, config).unwrap();
+    let placement = Placement {
+        devices: vec![device; replicas],
+        cluster: None,
+    };
+    let outcome = train::<B>(
+        config,
+        &run,
+        false,
+        placement,
+        &mut MemoryMeter::none(),
+        &mut Silent,
+        &AtomicBool::new(false),
+    )
+    .unwrap();
+    let Outcome::Finished { model, .. } = outcome else {
+        panic!("the run did not finish");
+    };
+    parameters(config, Some(&model))
+}
+
+/// The parameters of the config's model: as initialized, or loaded from `weights`.
+fn parameters(config: &TrainConfig, weights_file: Option<&Path>) -> Vec<f32> {
+    let device = Default::default();
+    B::seed(&device, config.seed);
+    let mut model = build_model::<Flex>(&config.model, 3, &device).unwrap();
+    if let Some(path) = weights_file {
+        model = weights::load(model, path).unwrap().0;
+    }
+    struct Collect(Vec<f32>);
+    impl<Be: Backend> ModuleVisitor<Be> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
+            self.0.extend(
+                param
+                    .val()
+                    .into_data()
+                    .convert::<f32>()
+                    .to_vec::<f32>()
+                    .unwrap(),
+            );
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    model.visit(&mut collect);
+    collect.0
+}
+
+fn max_difference(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Asserts that `actual` matches `expected` to float rounding, and that training moved the
+/// weights far more than that (so a match is not a run that did nothing).
+fn assert_same_training(config: &TrainConfig, expected: &[f32], actual: &[f32]) {
+    let initial = parameters(config, None);
+    let moved = max_difference(&initial, expected);
+    let difference = max_difference(expected, actual);
+    assert!(moved > 1e-2, "training moved the weights by only {moved}");
+    assert!(
+        difference < 2e-5,
+        "the parameters differ by {difference} (training moved them by {moved})"
+    );
+}
+
+#[test]
+fn two_replicas_train_as_one_device_on_the_whole_batch() {
+    let _turn = take_turn();
+    let runs = tempfile::tempdir().unwrap();
+    // Batches of 5 split 3 + 2: the uneven weighting is part of what is checked.
+    let config = config(runs.path(), &[]);
+    let one = trained(&config, 1);
+    let two = trained(&config, 2);
+    assert_same_training(&config, &one, &two);
+}
+
+#[test]
+fn accumulating_k_batches_is_one_k_times_larger_batch() {
+    let _turn = take_turn();
+    let runs = tempfile::tempdir().unwrap();
+    let large = config(runs.path(), &["batch_size = 10"]);
+    let accumulated = config(runs.path(), &["batch_size = 5", "accumulate = 2"]);
+    let expected = trained(&large, 1);
+    let actual = trained(&accumulated, 1);
+    assert_same_training(&large, &expected, &actual);
+    // And with two replicas on top: 2 batches of 5, each split 3 + 2.
+    let both = trained(&accumulated, 2);
+    assert_same_training(&large, &expected, &both);
+}

@@ -37,7 +37,7 @@ enum Command {
 
     /// Train a ResNet as a config describes, or resume a stopped run.
     #[command(
-        after_help = "Examples:\n  kiln train --config configs/quickstart.toml\n  kiln train --config configs/cifar10-resnet18-sgd.toml --set epochs=50 --backend cuda --devices 0\n  kiln train --resume runs/quickstart-20261130-120000"
+        after_help = "Examples:\n  kiln train --config configs/quickstart.toml\n  kiln train --config configs/cifar10-resnet18-sgd.toml --set epochs=50 --backend cuda --devices 0\n  kiln train --config configs/imagefolder-resnet50.toml --devices all --set accumulate=2\n  kiln train --resume runs/quickstart-20261130-120000"
     )]
     Train(train::TrainArgs),
 

@@ -7,8 +7,8 @@
 # Steps, each with a time limit, each logged to DIR/<step>.log, summed up in DIR/summary.md:
 # devices, compare (cuda and vulkan against flex), bench (kiln on cuda and vulkan beside PyTorch
 # eager and channels-last+bf16), train (the quickstart on cuda; its loss must fall), soak (eight
-# epochs; device memory must stay flat), devices-all (data parallel on every GPU), nodes (two
-# processes joined through the coordinator on loopback), bf16 and max-memory (not built yet).
+# epochs; device memory must stay flat), devices-all (data parallel on every GPU); nodes, bf16
+# and max-memory are listed as skipped (not working or not built yet).
 # --dry-run runs the same steps on this machine's CPU (flex, and a software Vulkan device when
 # there is one) at toy sizes, to check the script and the carried binary on a machine without GPU.
 set -uo pipefail
@@ -141,16 +141,7 @@ ALL_DEVICES=all
 step devices-all 300 "$KILN" train --config "$HERE/configs/quickstart.toml" --backend "$GPU" \
     --devices "$ALL_DEVICES" --set "logging.runs_dir=\"$OUT/work/runs-all\""
 
-# nodes: two machines played by two processes on loopback, joined through the coordinator.
-PORT=$((29500 + RANDOM % 1000))
-step nodes 300 bash -c "
-    for rank in 0 1; do
-        '$KILN' train --config '$HERE/configs/quickstart.toml' --backend '$GPU' --nodes 2 \
-            --node-rank \$rank --coordinator 127.0.0.1:$PORT \
-            --set 'logging.runs_dir=\"$OUT/work/runs-node'\$rank'\"' > '$OUT/nodes-'\$rank'.log' 2>&1 &
-    done
-    wait -n && wait -n; status=\$?; tail -n 5 '$OUT'/nodes-*.log; exit \$status"
-
+note nodes "skipped: multi-machine runs hang in burn-collective 0.21 (see README); kiln refuses --nodes"
 note bf16 "skipped: precision = \"bf16\" is not built yet (issue 7 open)"
 note max-memory "skipped: max_memory is not built yet (issue 7 open)"
 

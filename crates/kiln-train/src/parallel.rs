@@ -188,14 +188,15 @@ impl<B: AutodiffBackend> Replicas<B> {
                 start_coordinator(port);
             }
             let (node_address, data_port) = cluster.node_address()?;
-            let parse = |a: String| {
-                a.parse()
-                    .map_err(|_| ParallelError::Address(cluster.coordinator.clone()))
+            let websocket = |host_port: &str| {
+                format!("ws://{host_port}")
+                    .parse()
+                    .expect("any string parses as an address")
             };
             config = config
                 .with_num_nodes(cluster.nodes as u32)
-                .with_global_address(parse(format!("ws://{}", cluster.coordinator))?)
-                .with_node_address(parse(format!("ws://{node_address}"))?)
+                .with_global_address(websocket(&cluster.coordinator))
+                .with_node_address(websocket(&node_address))
                 .with_data_service_port(data_port)
                 // burn-collective's global ring refuses tensors with fewer rows than machines
                 // (a one-element count, a small bias) instead of falling back.
@@ -224,10 +225,6 @@ impl<B: AutodiffBackend> Replicas<B> {
 
     pub fn optimizer(&self) -> &AnyOptimizer<ResNet<B>, B> {
         &self.replicas[0].optimizer
-    }
-
-    pub fn device(&self) -> &B::Device {
-        &self.replicas[0].device
     }
 
     /// Replaces every replica's model and optimizer state (a resumed checkpoint).
@@ -261,12 +258,7 @@ impl<B: AutodiffBackend> Replicas<B> {
             }
         }
         let collective = self.collective;
-        let mut parts = parts.into_iter();
-        let work: Vec<_> = self
-            .replicas
-            .iter_mut()
-            .map(|replica| (replica, parts.next().unwrap_or_default()))
-            .collect();
+        let work: Vec<_> = self.replicas.iter_mut().zip(parts).collect();
         let results = run_each(work, |(replica, batches)| {
             replica.step(batches, lr, collective)
         });
@@ -356,10 +348,7 @@ impl<B: AutodiffBackend> Replica<B> {
         }
         let mut grads = accumulator.grads();
         if collective {
-            // Every peer must all-reduce the same tensors in the same order, including one
-            // that had no images this step.
-            fill_missing_with_zeros(&model, &mut grads);
-            grads = grads.all_reduce::<B::InnerBackend>(self.peer, ReduceOperation::Sum)?;
+            grads = all_reduce_gradients(&model, grads, self.peer)?;
         }
         if total > 0 {
             self.model = Some(self.optimizer.step(lr, model, grads));
@@ -392,26 +381,53 @@ impl<B: AutodiffBackend> Replica<B> {
     }
 }
 
-/// Registers a zero gradient for every trainable parameter `grads` lacks.
-fn fill_missing_with_zeros<B: AutodiffBackend>(model: &ResNet<B>, grads: &mut GradientsParams) {
-    struct Fill<'a, B: AutodiffBackend> {
-        grads: &'a mut GradientsParams,
+/// Sums every trainable parameter's gradient over all peers, in the order the model lists its
+/// parameters. (burn's `GradientsParams::all_reduce` goes by sorted `ParamId`s, which are random
+/// per process, so two machines would pair different tensors.) A replica that had no images
+/// this step sends zeros, so that every peer makes the same calls.
+fn all_reduce_gradients<B: AutodiffBackend>(
+    model: &ResNet<B>,
+    grads: GradientsParams,
+    peer: PeerId,
+) -> Result<GradientsParams, ParallelError> {
+    struct Reduce<B> {
+        grads: GradientsParams,
+        peer: PeerId,
+        error: Option<CollectiveError>,
         _backend: std::marker::PhantomData<B>,
     }
-    impl<B: AutodiffBackend> ModuleVisitor<B> for Fill<'_, B> {
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Reduce<B> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             // Batch-norm running statistics come through here too; they take no gradient.
-            let trainable = param.val().is_require_grad();
-            if trainable && self.grads.get::<B::InnerBackend, D>(param.id).is_none() {
-                let zeros = param.val().inner().zeros_like();
-                self.grads.register::<B::InnerBackend, D>(param.id, zeros);
+            let value = param.val();
+            if self.error.is_some() || !value.is_require_grad() {
+                return;
+            }
+            let grad = self
+                .grads
+                .remove::<B::InnerBackend, D>(param.id)
+                .unwrap_or_else(|| value.inner().zeros_like());
+            let primitive = grad.into_primitive().tensor();
+            match all_reduce::<B::InnerBackend>(self.peer, primitive, ReduceOperation::Sum) {
+                Ok(sum) => self.grads.register::<B::InnerBackend, D>(
+                    param.id,
+                    Tensor::from_primitive(TensorPrimitive::Float(sum)),
+                ),
+                Err(error) => self.error = Some(error),
             }
         }
     }
-    model.visit(&mut Fill::<B> {
+    let mut reduce = Reduce::<B> {
         grads,
+        peer,
+        error: None,
         _backend: std::marker::PhantomData,
-    });
+    };
+    model.visit(&mut reduce);
+    match reduce.error {
+        Some(error) => Err(error.into()),
+        None => Ok(reduce.grads),
+    }
 }
 
 /// Splits a host batch into `parts` consecutive parts, as even as can be.

@@ -1,27 +1,17 @@
 //! The training engine on the CPU (flex), on a tiny ResNet and synthetic data: resuming equals
 //! not stopping, checkpoints are never read half-written, and a diverging loss stops the run.
 
+mod common;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
-use burn::backend::{Autodiff, Flex};
+use burn::backend::Autodiff;
+use common::{take_turn, train_on_cpu};
 use kiln_backend::MemoryMeter;
 use kiln_train::checkpoint::{self, Position};
 use kiln_train::parallel::Placement;
 use kiln_train::{EpochSummary, Event, Observer, Outcome, RunDir, Silent, TrainConfig, train};
-
-type B = Autodiff<Flex>;
-
-/// burn seeds a backend's random generator process-wide, so runs in parallel tests would draw
-/// each other's initial weights; the tests here take turns.
-static ONE_RUN_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn take_turn() -> MutexGuard<'static, ()> {
-    ONE_RUN_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 const CONFIG: &str = r#"
 name = "tiny"
@@ -50,9 +40,7 @@ keep_last = 1
 "#;
 
 fn config(runs: &Path, overrides: &[&str]) -> TrainConfig {
-    let mut overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    overrides.push(format!("logging.runs_dir = '{}'", runs.display()));
-    TrainConfig::parse(CONFIG, Path::new("tiny.toml"), &overrides).unwrap()
+    common::parse(CONFIG, runs, overrides)
 }
 
 /// Sets the stop flag once `after` iterations have run, as Ctrl-C would.
@@ -96,15 +84,7 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
     let never = AtomicBool::new(false);
 
     let whole = RunDir::create(runs.path(), &config).unwrap();
-    let outcome = train::<B>(
-        &config,
-        &whole,
-        false,
-        Placement::single(Default::default()),
-        &mut MemoryMeter::none(),
-        &mut Silent,
-        &never,
-    );
+    let outcome = train_on_cpu(&config, &whole, false, 1, &mut Silent, &never);
     assert!(matches!(outcome.unwrap(), Outcome::Finished { .. }));
     let expected = numbers(&whole.history());
     assert_eq!(expected.len(), 3);
@@ -115,16 +95,7 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
     for (resume, after) in [(false, 8), (true, 15), (true, usize::MAX)] {
         let stop = AtomicBool::new(false);
         let mut observer = StopAfter { after, stop: &stop };
-        let outcome = train::<B>(
-            &config,
-            &interrupted,
-            resume,
-            Placement::single(Default::default()),
-            &mut MemoryMeter::none(),
-            &mut observer,
-            &stop,
-        )
-        .unwrap();
+        let outcome = train_on_cpu(&config, &interrupted, resume, 1, &mut observer, &stop).unwrap();
         match outcome {
             Outcome::Stopped { checkpoint } => {
                 assert!(after < usize::MAX);
@@ -153,16 +124,7 @@ fn a_half_written_checkpoint_is_never_the_one_loaded() {
     let config = config(runs.path(), &["epochs = 1"]);
     let run = RunDir::create(runs.path(), &config).unwrap();
     let never = AtomicBool::new(false);
-    train::<B>(
-        &config,
-        &run,
-        false,
-        Placement::single(Default::default()),
-        &mut MemoryMeter::none(),
-        &mut Silent,
-        &never,
-    )
-    .unwrap();
+    train_on_cpu(&config, &run, false, 1, &mut Silent, &never).unwrap();
     let dir = run.checkpoints();
     let (good, position) = checkpoint::latest(&dir).unwrap();
     assert_eq!(position.epoch, 1);
@@ -188,15 +150,7 @@ fn a_half_written_checkpoint_is_never_the_one_loaded() {
     assert_eq!(checkpoint::latest(&dir).unwrap().0, good);
 
     // Resuming reads the good one (and has nothing left to do for a one-epoch run).
-    let outcome = train::<B>(
-        &config,
-        &run,
-        true,
-        Placement::single(Default::default()),
-        &mut MemoryMeter::none(),
-        &mut Silent,
-        &never,
-    );
+    let outcome = train_on_cpu(&config, &run, true, 1, &mut Silent, &never);
     assert!(matches!(outcome.unwrap(), Outcome::Finished { .. }));
 }
 
@@ -207,16 +161,7 @@ fn a_diverging_loss_stops_the_run_and_names_the_last_good_checkpoint() {
     let config = config(runs.path(), &["epochs = 1"]);
     let run = RunDir::create(runs.path(), &config).unwrap();
     let never = AtomicBool::new(false);
-    train::<B>(
-        &config,
-        &run,
-        false,
-        Placement::single(Default::default()),
-        &mut MemoryMeter::none(),
-        &mut Silent,
-        &never,
-    )
-    .unwrap();
+    train_on_cpu(&config, &run, false, 1, &mut Silent, &never).unwrap();
 
     let exploding = self::config(
         runs.path(),
@@ -227,17 +172,9 @@ fn a_diverging_loss_stops_the_run_and_names_the_last_good_checkpoint() {
             "schedule.warmup_epochs = 0",
         ],
     );
-    let err = train::<B>(
-        &exploding,
-        &run,
-        true,
-        Placement::single(Default::default()),
-        &mut MemoryMeter::none(),
-        &mut Silent,
-        &never,
-    )
-    .unwrap_err()
-    .to_string();
+    let err = train_on_cpu(&exploding, &run, true, 1, &mut Silent, &never)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("the loss became"), "{err}");
     assert!(err.contains("epoch-0001"), "{err}");
     assert!(err.contains("--resume"), "{err}");
@@ -253,16 +190,7 @@ fn a_checkpoint_written_on_one_backend_resumes_on_another() {
     let never = AtomicBool::new(false);
     let first = config(runs.path(), &["epochs = 1"]);
     let run = RunDir::create(runs.path(), &first).unwrap();
-    train::<B>(
-        &first,
-        &run,
-        false,
-        Placement::single(Default::default()),
-        &mut MemoryMeter::none(),
-        &mut Silent,
-        &never,
-    )
-    .unwrap();
+    train_on_cpu(&first, &run, false, 1, &mut Silent, &never).unwrap();
 
     let longer = config(runs.path(), &["epochs = 2"]);
     let outcome = train::<Autodiff<burn::backend::NdArray>>(

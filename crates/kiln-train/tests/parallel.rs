@@ -4,30 +4,17 @@
 //! forward pass itself depends on how the batch is split, so no split could match. Frozen, each
 //! image's loss depends on that image alone, and any difference is the engine's.
 
+mod common;
+
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Mutex, MutexGuard};
 
-use burn::backend::{Autodiff, Flex};
-use burn::module::{Module, ModuleVisitor, Param};
-use burn::tensor::Tensor;
+use burn::backend::Flex;
 use burn::tensor::backend::Backend;
-use kiln_backend::MemoryMeter;
+use common::{B, flat_parameters, take_turn, train_on_cpu};
 use kiln_models::weights;
 use kiln_train::engine::build_model;
-use kiln_train::parallel::Placement;
-use kiln_train::{Outcome, RunDir, Silent, TrainConfig, train};
-
-type B = Autodiff<Flex>;
-
-/// One run at a time: burn's seed and burn-collective's server are process-wide.
-static ONE_RUN_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn take_turn() -> MutexGuard<'static, ()> {
-    ONE_RUN_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+use kiln_train::{Outcome, RunDir, Silent, TrainConfig};
 
 const CONFIG: &str = r#"
 name = "dp"
@@ -51,25 +38,17 @@ weight_decay = 5e-4
 "#;
 
 fn config(runs: &Path, overrides: &[&str]) -> TrainConfig {
-    let mut overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    overrides.push(format!("logging.runs_dir = '{}'", runs.display()));
-    TrainConfig::parse(CONFIG, Path::new("dp.toml"), &overrides).unwrap()
+    common::parse(CONFIG, runs, overrides)
 }
 
 /// Trains on `replicas` copies of the CPU device and returns every parameter, flattened.
 fn trained(config: &TrainConfig, replicas: usize) -> Vec<f32> {
-    let device = burn::tensor::Device::<B>::default();
     let run = RunDir::create(&config.logging.runs_dir, config).unwrap();
-    let placement = Placement {
-        devices: vec![device; replicas],
-        cluster: None,
-    };
-    let outcome = train::<B>(
+    let outcome = train_on_cpu(
         config,
         &run,
         false,
-        placement,
-        &mut MemoryMeter::none(),
+        replicas,
         &mut Silent,
         &AtomicBool::new(false),
     )
@@ -80,7 +59,7 @@ fn trained(config: &TrainConfig, replicas: usize) -> Vec<f32> {
     parameters(config, Some(&model))
 }
 
-/// The parameters of the config's model: as initialized, or loaded from `weights`.
+/// The parameters of the config's model: as initialized, or loaded from `weights_file`.
 fn parameters(config: &TrainConfig, weights_file: Option<&Path>) -> Vec<f32> {
     let device = Default::default();
     B::seed(&device, config.seed);
@@ -88,22 +67,7 @@ fn parameters(config: &TrainConfig, weights_file: Option<&Path>) -> Vec<f32> {
     if let Some(path) = weights_file {
         model = weights::load(model, path).unwrap().0;
     }
-    struct Collect(Vec<f32>);
-    impl<Be: Backend> ModuleVisitor<Be> for Collect {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
-            self.0.extend(
-                param
-                    .val()
-                    .into_data()
-                    .convert::<f32>()
-                    .to_vec::<f32>()
-                    .unwrap(),
-            );
-        }
-    }
-    let mut collect = Collect(Vec::new());
-    model.visit(&mut collect);
-    collect.0
+    flat_parameters(&model)
 }
 
 fn max_difference(a: &[f32], b: &[f32]) -> f32 {

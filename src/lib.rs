@@ -11,8 +11,10 @@ use burn::tensor::backend::AutodiffBackend;
 use kiln_backend::{BackendTask, MemoryMeter, probe, resolve, run_on};
 use kiln_data::Shard;
 use kiln_models::weights;
+use kiln_train::config::BatchSize;
 use kiln_train::engine::{Evaluation, build_model, loaders};
 use kiln_train::parallel::Placement;
+use kiln_train::plan::{self, Budget, Measured, Plan};
 use kiln_train::progress::Console;
 use kiln_train::{Outcome, RunDir, TrainConfig, TrainError};
 
@@ -93,8 +95,9 @@ pub fn evaluate(
     devices: &DeviceSelection,
 ) -> anyhow::Result<Evaluation> {
     let resolved = resolve(backend, devices, &probe())?;
+    let available = MemoryMeter::for_device(&resolved).available();
     let task = Eval {
-        config: config.clone(),
+        config: eval_batch_size(config, available),
         weights,
     };
     Ok(run_on(&resolved, task)??)
@@ -103,6 +106,23 @@ pub fn evaluate(
 struct Eval {
     config: TrainConfig,
     weights: PathBuf,
+}
+
+/// Evaluation batches for a config whose `batch_size` is `"auto"`: the training batch that
+/// fits, which evaluation (no gradients, no optimizer state) needs less memory for.
+fn eval_batch_size(config: &TrainConfig, available: Option<u64>) -> TrainConfig {
+    const UNPLANNED: usize = 64;
+    let plan = Plan::new(config, 1).ok();
+    let budget = Budget::of(config, available).map(|b| b.bytes);
+    let batch = plan
+        .zip(budget)
+        .and_then(|(plan, budget)| plan.auto_batch_size(budget).ok())
+        .unwrap_or(UNPLANNED);
+    let mut settled = config.clone();
+    if config.batch_size == BatchSize::Auto {
+        settled.batch_size = BatchSize::Fixed(batch);
+    }
+    settled
 }
 
 impl BackendTask for Eval {
@@ -124,5 +144,90 @@ impl BackendTask for Eval {
         let model = build_model::<B>(&self.config.model, classes, &device)?;
         let (model, _) = weights::load(model, &self.weights)?;
         Ok(kiln_train::evaluate(&model.valid(), &val, &device)?)
+    }
+}
+
+/// What `kiln plan` reports: the estimate, the budget it is set against, what fits, and (when
+/// asked) the peak of real training steps.
+#[derive(Debug, serde::Serialize)]
+pub struct PlanReport {
+    pub backend: String,
+    pub plan: Plan,
+    pub estimate_bytes: Option<u64>,
+    pub budget: Option<Budget>,
+    pub largest_per_device: Option<usize>,
+    pub auto_batch_size: Option<usize>,
+    pub measured: Option<Measured>,
+}
+
+/// Estimates `config`'s peak memory per device on the requested devices, against `memory`
+/// bytes (default: `max_memory`, else what the device has free). With `measure`, also trains
+/// a few steps of random images on the first device and reads the real peak.
+pub fn plan(
+    config: &TrainConfig,
+    backend: BackendChoice,
+    devices: &DeviceSelection,
+    memory: Option<u64>,
+    measure: bool,
+) -> anyhow::Result<PlanReport> {
+    let resolved = resolve(backend, devices, &probe())?;
+    let mut meter = MemoryMeter::for_device(&resolved);
+    let plan = Plan::new(config, resolved.devices.len())?;
+    let budget = match memory {
+        Some(bytes) => Some(Budget {
+            bytes,
+            source: " given by --memory",
+        }),
+        None => Budget::of(config, meter.available()),
+    };
+    let auto_batch_size = budget.and_then(|b| plan.auto_batch_size(b.bytes).ok());
+    let per_device = match config.batch_size {
+        BatchSize::Fixed(batch) => plan.per_device(batch),
+        BatchSize::Auto => auto_batch_size.map_or(1, |batch| plan.per_device(batch)),
+    };
+    let measured = match measure {
+        true => run_on(
+            &resolved,
+            Measure {
+                config: config.clone(),
+                plan: plan.clone(),
+                per_device,
+                meter: &mut meter,
+            },
+        )??,
+        false => None,
+    };
+    Ok(PlanReport {
+        backend: resolved.backend.to_string(),
+        estimate_bytes: Some(plan.peak_bytes(per_device)),
+        budget,
+        largest_per_device: budget.and_then(|b| plan.largest_per_device(b.bytes)),
+        auto_batch_size,
+        measured,
+        plan,
+    })
+}
+
+struct Measure<'a> {
+    config: TrainConfig,
+    plan: Plan,
+    per_device: usize,
+    meter: &'a mut MemoryMeter,
+}
+
+impl BackendTask for Measure<'_> {
+    type Output = Result<Option<Measured>, TrainError>;
+
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output {
+        /// The first step creates the optimizer's state; the peak comes in the second.
+        const STEPS: usize = 3;
+        plan::measure::<B>(
+            &self.config,
+            &self.plan,
+            self.per_device,
+            STEPS,
+            &devices[0],
+            self.meter,
+        )
     }
 }

@@ -2,6 +2,7 @@
 
 mod check;
 mod devices;
+mod plan;
 mod predict;
 mod train;
 
@@ -40,6 +41,12 @@ enum Command {
         after_help = "Examples:\n  kiln train --config configs/quickstart.toml\n  kiln train --config configs/cifar10-resnet18-sgd.toml --set epochs=50 --backend cuda --devices 0\n  kiln train --config configs/imagefolder-resnet50.toml --devices all --set accumulate=2\n  kiln train --resume runs/quickstart-20261130-120000"
     )]
     Train(train::TrainArgs),
+
+    /// Estimate the device memory a config's training takes and the batch that fits.
+    #[command(
+        after_help = "Examples:\n  kiln plan --config configs/imagefolder-resnet50.toml\n  kiln plan --config configs/cifar10-resnet18-sgd.toml --set batch_size=512 --memory 8GiB\n  kiln plan --config configs/quickstart.toml --measure"
+    )]
+    Plan(plan::PlanArgs),
 
     /// Evaluate a trained model on its data set's validation part.
     #[command(
@@ -87,6 +94,7 @@ fn main() -> ExitCode {
         Command::Predict(args) => predict::run(args),
         Command::Train(args) => train::run_train(args),
         Command::Eval(args) => train::run_eval(args),
+        Command::Plan(args) => plan::run(args),
         Command::Compare(args) => check::run_compare(args),
         Command::Bench(args) => check::run_bench(args),
     };
@@ -124,6 +132,11 @@ fn install_panic_hook() {
         return;
     }
     std::panic::set_hook(Box::new(|info| {
+        // Training turns a device's out-of-memory panic into an error with a batch that fits,
+        // and a precision probe's panic into "not supported".
+        if kiln_train::panics::will_be_caught(info.payload()) {
+            return;
+        }
         let first_line = panic_message(info.payload());
         eprintln!(
             "error: kiln stopped unexpectedly ({first_line}); this is a bug, please report it (RUST_BACKTRACE=1 shows where)"

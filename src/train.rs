@@ -83,10 +83,10 @@ impl ClusterOptions {
 
 /// What both `train` and `eval` take besides the config: overrides and where to run.
 #[derive(Args)]
-struct ConfigOptions {
+pub(crate) struct ConfigOptions {
     /// Override a config key, for example --set optimizer.lr=0.01 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
-    overrides: Vec<String>,
+    pub(crate) overrides: Vec<String>,
 
     /// auto, cuda, wgpu, vulkan, metal, flex or ndarray (default: the config's, else auto).
     #[arg(long)]
@@ -117,7 +117,7 @@ pub struct EvalArgs {
 
 impl ConfigOptions {
     /// The backend and devices: the command line's, else the config's.
-    fn device_request(
+    pub(crate) fn device_request(
         &self,
         config: &TrainConfig,
     ) -> anyhow::Result<(BackendChoice, DeviceSelection)> {

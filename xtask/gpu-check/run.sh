@@ -7,8 +7,10 @@
 # Steps, each with a time limit, each logged to DIR/<step>.log, summed up in DIR/summary.md:
 # devices, compare (cuda and vulkan against flex), bench (kiln on cuda and vulkan beside PyTorch
 # eager and channels-last+bf16), train (the quickstart on cuda; its loss must fall), soak (eight
-# epochs; device memory must stay flat), devices-all (data parallel on every GPU); nodes, bf16
-# and max-memory are listed as skipped (not working or not built yet).
+# epochs; device memory must stay flat), devices-all (data parallel on every GPU), plan (kiln
+# plan's estimate against the measured peak at two batch sizes), max-memory (batch_size "auto"
+# under max_memory; every epoch's peak must stay under it), bf16 and f16 (mixed-precision
+# training, and bf16's measured peak); nodes is listed as skipped (blocked upstream).
 # --dry-run runs the same steps on this machine's CPU (flex, and a software Vulkan device when
 # there is one) at toy sizes, to check the script and the carried binary on a machine without GPU.
 set -uo pipefail
@@ -47,6 +49,8 @@ if [ "$DRY" = 1 ]; then
     TORCH_DEVICE=cpu
     BENCH=(--models resnet18-cifar --batches 8 --warmup 1 --min-steps 1 --min-seconds 0)
     SOAK=(--set epochs=3 --set batch_size=32 --set model.width=8 --set data.source.train_size=256 --set data.source.val_size=64)
+    PLAN_BATCHES=(8 32)
+    MAX_MEMORY=512MiB
 else
     GPU=cuda
     COMPARE=(--backends flex,cuda,vulkan --reference flex)
@@ -56,6 +60,8 @@ else
     TORCH_DEVICE=cuda
     BENCH=(--warmup 3 --min-steps 5 --min-seconds 2)
     SOAK=()
+    PLAN_BATCHES=(128 512)
+    MAX_MEMORY=4GiB
 fi
 
 FAILED=0
@@ -141,9 +147,45 @@ ALL_DEVICES=all
 step devices-all 300 "$KILN" train --config "$HERE/configs/quickstart.toml" --backend "$GPU" \
     --devices "$ALL_DEVICES" --set "logging.runs_dir=\"$OUT/work/runs-all\""
 
+# plan: kiln plan's estimate beside the peak of three real training steps, at two batch sizes
+# (the estimate's constants were measured on the CPU; this is where the GPU's are measured).
+for BATCH in "${PLAN_BATCHES[@]}"; do
+    step "plan-$BATCH" 180 bash -c "'$KILN' plan --config '$HERE/configs/soak.toml' --backend $GPU ${SOAK[*]} --set batch_size=$BATCH --measure --json > '$OUT/plan-$BATCH.json'"
+    "$PYTHON" - "$OUT/plan-$BATCH.json" >> "$OUT/summary.md" 2>/dev/null <<'PY' || true
+import json, sys
+r = json.load(open(sys.argv[1]))
+m = r.get("measured") or {}
+if m:
+    e = r["estimate_bytes"]
+    print(f"| plan estimate vs measured | batch {m['per_device']}: {e / 2**20:.0f} MiB vs {m['peak_bytes'] / 2**20:.0f} MiB ({(e / m['peak_bytes'] - 1) * 100:+.0f}%) | 0 | {sys.argv[1].rsplit('/', 1)[-1]} |")
+PY
+done
+
+# max-memory: batch_size "auto" under max_memory; the run's peak of every epoch must stay below
+# the cap (on the GPU, where the figure is the job's pool; the CPU's includes the process).
+step max-memory 300 "$KILN" train --config "$HERE/configs/soak.toml" --backend "$GPU" "${SOAK[@]}" \
+    --set epochs=2 --set batch_size=auto --set "max_memory=\"$MAX_MEMORY\"" \
+    --set "name=\"max-memory\"" --set "logging.runs_dir=\"$OUT/work/runs-memory\""
+CAPPED="$(ls -td "$OUT"/work/runs-memory/max-memory-*/ 2>/dev/null | head -n 1)"
+CAP_BYTES="$("$PYTHON" -c "import sys; n, u = sys.argv[1][:-3], sys.argv[1][-3:]; print(int(float(n) * {'GiB': 2**30, 'MiB': 2**20}[u]))" "$MAX_MEMORY")"
+if [ -f "${CAPPED}metrics.csv" ] && { [ "$DRY" = 1 ] || awk -F, -v cap="$CAP_BYTES" 'NR > 1 && $12 > cap { over = 1 } END { exit over || NR < 2 }' "${CAPPED}metrics.csv"; }; then
+    RESULT=ok
+else
+    RESULT=FAILED
+    FAILED=1
+fi
+echo "| max-memory $MAX_MEMORY | $RESULT: $(grep -h '^batch_size' "${CAPPED}config.toml" 2>/dev/null), peak MiB by epoch $(awk -F, 'NR > 1 { printf "%s%.0f", (NR > 2 ? ", " : ""), $12 / 1048576 }' "${CAPPED}metrics.csv" 2>/dev/null) | 0 | max-memory.log |" >> "$OUT/summary.md"
+
 note nodes "skipped: multi-machine runs hang in burn-collective 0.21 (see README); kiln refuses --nodes"
-note bf16 "skipped: precision = \"bf16\" is not built yet (issue 7 open)"
-note max-memory "skipped: max_memory is not built yet (issue 7 open)"
+# bf16 and f16: the soak model in mixed precision for two epochs (f32 master weights; f16 with
+# loss scaling); the console's epoch lines give images/s beside the f32 soak's, and the
+# plan-bf16 step the measured peak.
+for PRECISION in bf16 f16; do
+    step "$PRECISION" 300 "$KILN" train --config "$HERE/configs/soak.toml" --backend "$GPU" "${SOAK[@]}" \
+        --set epochs=2 --set "precision=\"$PRECISION\"" --set "name=\"soak-$PRECISION\"" \
+        --set "logging.runs_dir=\"$OUT/work/runs-precision\""
+done
+step plan-bf16 180 bash -c "'$KILN' plan --config '$HERE/configs/soak.toml' --backend $GPU ${SOAK[*]} --set precision=bf16 --measure --json > '$OUT/plan-bf16.json'"
 
 echo
 cat "$OUT/summary.md"

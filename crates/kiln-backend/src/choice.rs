@@ -160,9 +160,7 @@ impl FromStr for DeviceSelection {
                 .trim()
                 .parse::<usize>()
                 .map_err(|_| BackendError::BadDeviceList(s.to_string()))?;
-            if indices.contains(&index) {
-                return Err(BackendError::BadDeviceList(s.to_string()));
-            }
+            // A repeated index is one more replica on that device (`0,0`: two on the CPU).
             indices.push(index);
         }
         Ok(DeviceSelection::Indices(indices))
@@ -217,7 +215,10 @@ mod tests {
             "0, 1,3".parse::<DeviceSelection>().unwrap(),
             DeviceSelection::Indices(vec![0, 1, 3])
         );
-        assert!("0,0".parse::<DeviceSelection>().is_err());
+        assert_eq!(
+            "0,0".parse::<DeviceSelection>().unwrap(),
+            DeviceSelection::Indices(vec![0, 0])
+        );
         assert!("one".parse::<DeviceSelection>().is_err());
         assert!("".parse::<DeviceSelection>().is_err());
     }

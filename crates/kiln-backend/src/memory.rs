@@ -7,6 +7,8 @@ use crate::{Backend, Resolved};
 pub struct MemoryMeter {
     source: Source,
     peak: Option<u64>,
+    /// The device's memory as the probe found it (GPUs that report it).
+    total: Option<u64>,
 }
 
 enum Source {
@@ -25,6 +27,7 @@ impl MemoryMeter {
         Self {
             source: Source::None,
             peak: None,
+            total: None,
         }
     }
 
@@ -33,6 +36,7 @@ impl MemoryMeter {
         Self {
             source: Source::Process,
             peak: None,
+            total: None,
         }
     }
 
@@ -53,7 +57,11 @@ impl MemoryMeter {
             #[allow(unreachable_patterns)]
             _ => Source::None,
         };
-        Self { source, peak: None }
+        Self {
+            source,
+            peak: None,
+            total: resolved.devices[0].memory_bytes,
+        }
     }
 
     /// What the figures mean, for reports.
@@ -98,6 +106,18 @@ impl MemoryMeter {
         }
     }
 
+    /// Memory this job could still take: the system's available memory for the CPU, the
+    /// device's memory less what this process's pool holds for a GPU that reports its size;
+    /// `None` where the device does not say.
+    pub fn available(&self) -> Option<u64> {
+        match self.source {
+            Source::None => None,
+            Source::Process => meminfo_bytes("MemAvailable:"),
+            #[allow(unreachable_patterns)]
+            _ => Some(self.total?.saturating_sub(self.current().unwrap_or(0))),
+        }
+    }
+
     /// Memory in use now.
     pub fn current(&self) -> Option<u64> {
         match &self.source {
@@ -121,7 +141,16 @@ impl MemoryMeter {
 
 /// A `kB` field of `/proc/self/status`, in bytes; `None` off Linux.
 fn process_status_bytes(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    kb_field("/proc/self/status", field)
+}
+
+/// A `kB` field of `/proc/meminfo`, in bytes; `None` off Linux.
+fn meminfo_bytes(field: &str) -> Option<u64> {
+    kb_field("/proc/meminfo", field)
+}
+
+fn kb_field(file: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(file).ok()?;
     let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line[field.len()..]
         .trim()
@@ -135,6 +164,14 @@ fn process_status_bytes(field: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn the_cpu_has_memory_available_and_a_meter_without_a_device_has_none() {
+        let available = MemoryMeter::process().available().unwrap();
+        assert!(available > 16 << 20, "{available} bytes available");
+        assert_eq!(MemoryMeter::none().available(), None);
+    }
 
     #[test]
     #[cfg(target_os = "linux")]

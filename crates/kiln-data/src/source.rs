@@ -80,6 +80,36 @@ pub struct Splits {
 }
 
 impl Source {
+    /// The side of every image, where the data set fixes it (CIFAR, digits, synthetic); `None`
+    /// for an image folder, whose images come in any size.
+    pub fn image_size(&self) -> Option<(u32, u32)> {
+        match self {
+            Source::Cifar10 { .. } | Source::Cifar100 { .. } => Some((32, 32)),
+            Source::Digits {} => Some((8, 8)),
+            Source::Synthetic { image_size, .. } => Some((*image_size, *image_size)),
+            Source::ImageFolder { .. } => None,
+        }
+    }
+
+    /// The number of classes without opening the data: known for the built-in sets, the class
+    /// folders of an image folder's `train`. `None` where that folder cannot be read.
+    pub fn class_count(&self) -> Option<usize> {
+        match self {
+            Source::Cifar10 { .. } | Source::Digits {} => Some(10),
+            Source::Cifar100 { .. } => Some(100),
+            Source::Synthetic { num_classes, .. } => Some(*num_classes),
+            Source::ImageFolder { train, .. } => {
+                let entries = std::fs::read_dir(train).ok()?;
+                Some(
+                    entries
+                        .filter_map(Result::ok)
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .count(),
+                )
+            }
+        }
+    }
+
     /// Opens the data set: reads CIFAR into memory (downloading it if allowed), lists an image
     /// folder, or builds the shipped or synthetic set. `seed` drives a `val_fraction` split.
     pub fn open(&self, seed: u64, limits: ImageLimits) -> Result<Splits, DataError> {

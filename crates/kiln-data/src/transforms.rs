@@ -202,7 +202,20 @@ impl Pipeline {
         Ok(pipeline)
     }
 
-    /// The image steps, in order.
+    /// The (width, height) of the images this pipeline makes from `input`-sized ones; `None`
+    /// where that depends on an unknown input size (a resize without a crop after it).
+    pub fn output_size(&self, input: Option<(u32, u32)>) -> Option<(u32, u32)> {
+        self.image_steps
+            .iter()
+            .fold(input, |size, step| match *step {
+                Transform::Resize { size: side } => size.map(|(w, h)| shorter_side_to(w, h, side)),
+                Transform::CenterCrop { size: side }
+                | Transform::RandomResizedCrop { size: side, .. }
+                | Transform::RandomCrop { size: side, .. } => Some((side, side)),
+                _ => size,
+            })
+    }
+
     pub fn transform(&self, mut image: RgbImage, rng: &mut impl Rng) -> RgbImage {
         for step in &self.image_steps {
             image = step.apply(image, rng);
@@ -250,12 +263,17 @@ impl EvalTransform {
 /// `int(size * long / short)`.
 pub fn resize_shorter_side(image: &RgbImage, size: u32) -> RgbImage {
     let (w, h) = image.dimensions();
-    let (new_w, new_h) = if w <= h {
+    let (new_w, new_h) = shorter_side_to(w, h, size);
+    resize_exact(image, new_w.max(1), new_h.max(1))
+}
+
+/// The size `Resize(size)` gives a `w` x `h` image: the shorter side becomes `size`.
+fn shorter_side_to(w: u32, h: u32, size: u32) -> (u32, u32) {
+    if w <= h {
         (size, (size as u64 * h as u64 / w as u64) as u32)
     } else {
         ((size as u64 * w as u64 / h as u64) as u32, size)
-    };
-    resize_exact(image, new_w.max(1), new_h.max(1))
+    }
 }
 
 /// Antialiased bilinear resampling as PIL does it (the triangle filter widened by the downscale
@@ -532,6 +550,30 @@ mod tests {
 
     fn gradient(w: u32, h: u32) -> RgbImage {
         RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 7]))
+    }
+
+    #[test]
+    fn output_size_follows_the_steps_that_set_it() {
+        let pipeline = |steps: &[Transform]| Pipeline::new(steps).unwrap();
+        let resize = Transform::Resize { size: 256 };
+        let crop = Transform::CenterCrop { size: 224 };
+        let flip = Transform::RandomHorizontalFlip { p: 0.5 };
+        assert_eq!(
+            pipeline(std::slice::from_ref(&resize)).output_size(Some((400, 300))),
+            Some((341, 256))
+        );
+        assert_eq!(
+            pipeline(std::slice::from_ref(&resize)).output_size(None),
+            None
+        );
+        assert_eq!(
+            pipeline(&[resize, crop, flip.clone()]).output_size(None),
+            Some((224, 224))
+        );
+        assert_eq!(
+            pipeline(&[flip]).output_size(Some((32, 32))),
+            Some((32, 32))
+        );
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //! example after `model.valid()`, it uses the running statistics (PyTorch's `eval()`).
 
 use burn::module::{Module, Param, RunningState};
+
+use crate::precision::in_f32;
 use burn::tensor::{Tensor, backend::Backend};
 
 /// `torch.nn.BatchNorm2d(num_features, eps=1e-5, momentum=0.1)`, with torchvision's names.
@@ -53,12 +55,16 @@ impl<B: Backend> BatchNorm2d<B> {
         }
     }
 
+    /// Statistics and normalization run in f32 whatever the input's float type (mixed
+    /// precision); the output has the input's type.
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        if B::ad_enabled(&x.device()) && !self.frozen {
-            self.forward_train(x)
-        } else {
-            self.forward_eval(x)
-        }
+        in_f32(x, |x| {
+            if B::ad_enabled(&x.device()) && !self.frozen {
+                self.forward_train(x)
+            } else {
+                self.forward_eval(x)
+            }
+        })
     }
 
     /// Normalizes with the batch's statistics and folds them into the running ones.

@@ -2,11 +2,15 @@
 //! weight files in and out.
 
 mod batch_norm;
+mod footprint;
+mod precision;
 pub mod pretrained;
 mod resnet;
 pub mod weights;
 
 pub use batch_norm::BatchNorm2d;
+pub use footprint::Footprint;
+pub use precision::Precision;
 pub use resnet::{
     BasicBlock, Block, BlockKind, Bottleneck, Downsample, ResNet, ResNetConfig, Stem, architecture,
 };

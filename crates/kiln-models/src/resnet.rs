@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ModelError;
 use crate::batch_norm::BatchNorm2d;
+use crate::precision::{Precision, convolve, to_f32};
 
 /// The first layers: torchvision's ImageNet stem, or the CIFAR one for 32x32 inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -140,6 +141,7 @@ impl ResNetConfig {
             layer3,
             layer4,
             fc: LinearConfig::new(in_channels, self.num_classes).init(device),
+            precision: Precision::F32,
         };
         Ok(if self.freeze_batch_norm {
             model.with_frozen_batch_norm()
@@ -198,7 +200,7 @@ impl<B: Backend> Downsample<B> {
             1 => x,
             s => x.slice(s![.., .., ..;s as isize, ..;s as isize]),
         };
-        self.bn.forward(self.conv.forward(x))
+        self.bn.forward(convolve(&self.conv, x))
     }
 }
 
@@ -223,8 +225,8 @@ pub struct BasicBlock<B: Backend> {
 impl<B: Backend> BasicBlock<B> {
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let identity = shortcut(self.downsample.as_ref(), x.clone());
-        let out = relu(self.bn1.forward(self.conv1.forward(x)));
-        let out = self.bn2.forward(self.conv2.forward(out));
+        let out = relu(self.bn1.forward(convolve(&self.conv1, x)));
+        let out = self.bn2.forward(convolve(&self.conv2, out));
         relu(out + identity)
     }
 }
@@ -244,9 +246,9 @@ pub struct Bottleneck<B: Backend> {
 impl<B: Backend> Bottleneck<B> {
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let identity = shortcut(self.downsample.as_ref(), x.clone());
-        let out = relu(self.bn1.forward(self.conv1.forward(x)));
-        let out = relu(self.bn2.forward(self.conv2.forward(out)));
-        let out = self.bn3.forward(self.conv3.forward(out));
+        let out = relu(self.bn1.forward(convolve(&self.conv1, x)));
+        let out = relu(self.bn2.forward(convolve(&self.conv2, out)));
+        let out = self.bn3.forward(convolve(&self.conv3, out));
         relu(out + identity)
     }
 }
@@ -345,12 +347,16 @@ pub struct ResNet<B: Backend> {
     pub layer3: Vec<Block<B>>,
     pub layer4: Vec<Block<B>>,
     pub fc: Linear<B>,
+    /// The float type of the convolutions (see [`Precision`]); parameters stay f32.
+    #[module(skip)]
+    pub precision: Precision,
 }
 
 impl<B: Backend> ResNet<B> {
     /// Images `[N, 3, H, W]` to logits `[N, num_classes]`.
     pub fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
-        let x = relu(self.bn1.forward(self.conv1.forward(images)));
+        let x = self.precision.cast(images);
+        let x = relu(self.bn1.forward(convolve(&self.conv1, x)));
         let x = match &self.maxpool {
             Some(pool) => pool.forward(x),
             None => x,
@@ -359,14 +365,20 @@ impl<B: Backend> ResNet<B> {
         let x = forward_stage(&self.layer2, x);
         let x = forward_stage(&self.layer3, x);
         let x = forward_stage(&self.layer4, x);
-        // Global average pool: torchvision's AdaptiveAvgPool2d((1, 1)) and flatten.
+        // Global average pool: torchvision's AdaptiveAvgPool2d((1, 1)) and flatten, in f32.
         let [n, c, _, _] = x.dims();
-        let pooled = x.mean_dim(3).mean_dim(2).reshape([n, c]);
+        let pooled = to_f32(x).mean_dim(3).mean_dim(2).reshape([n, c]);
         self.fc.forward(pooled)
     }
 
     pub fn num_classes(&self) -> usize {
         self.fc.weight.dims()[1]
+    }
+
+    /// Computes the convolutions in `precision` from now on (see [`Precision`]).
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
     }
 
     /// Freezes every batch norm (see [`BatchNorm2d::frozen`]).

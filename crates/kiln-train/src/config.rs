@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+pub use bytesize::ByteSize;
 use kiln_data::{OnBadImage, Source, Transform};
+use kiln_models::{ModelError, Precision, ResNetConfig, Stem};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
@@ -43,15 +45,21 @@ pub struct TrainConfig {
     pub seed: u64,
     pub epochs: usize,
     /// Images per forward pass, over all devices and machines together: the hyperparameters
-    /// mean the same on one device or many.
-    pub batch_size: usize,
+    /// mean the same on one device or many. `"auto"`: the largest that fits (see `plan`).
+    pub batch_size: BatchSize,
     /// Loader batches per optimizer step (gradient accumulation): the update is that of one
     /// batch `accumulate` times larger.
     #[serde(default = "one")]
     pub accumulate: usize,
-    /// Only `"f32"` so far; mixed precision comes with the scale issue.
+    /// `"f32"`, or mixed precision: `"bf16"` or `"f16"` convolutions with f32 master weights,
+    /// batch norm and classifier (f16 with dynamic loss scaling); see `kiln_models::Precision`.
     #[serde(default = "default_precision")]
     pub precision: String,
+    /// The most device memory this job may take (`"6GiB"`, `"500MB"`), so that several jobs
+    /// can share a device: checked against the plan before training and the measured peak after
+    /// every step.
+    #[serde(default)]
+    pub max_memory: Option<MemorySize>,
     #[serde(default)]
     pub model: ModelSection,
     pub data: DataSection,
@@ -66,6 +74,101 @@ pub struct TrainConfig {
     pub checkpoints: CheckpointSection,
     #[serde(default)]
     pub logging: LoggingSection,
+}
+
+/// `batch_size`: a number, or `"auto"` for the largest power of two that fits the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "NumberOrWord", into = "NumberOrWord")]
+pub enum BatchSize {
+    Fixed(usize),
+    Auto,
+}
+
+impl BatchSize {
+    /// The number, unless it is still to be settled by `plan`.
+    pub fn fixed(self) -> Option<usize> {
+        match self {
+            BatchSize::Fixed(n) => Some(n),
+            BatchSize::Auto => None,
+        }
+    }
+}
+
+impl std::fmt::Display for BatchSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BatchSize::Fixed(n) => write!(f, "{n}"),
+            BatchSize::Auto => write!(f, "auto"),
+        }
+    }
+}
+
+/// A memory size: `"6GiB"`, `"500 MB"` or a number of bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "NumberOrWord", into = "NumberOrWord")]
+pub struct MemorySize(pub ByteSize);
+
+impl MemorySize {
+    pub fn bytes(self) -> u64 {
+        self.0.as_u64()
+    }
+}
+
+/// A value that TOML may write as a number or as a string.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum NumberOrWord {
+    Number(u64),
+    Word(String),
+}
+
+impl TryFrom<NumberOrWord> for BatchSize {
+    type Error = String;
+
+    fn try_from(text: NumberOrWord) -> Result<Self, String> {
+        match text {
+            NumberOrWord::Number(n) => Ok(BatchSize::Fixed(n as usize)),
+            NumberOrWord::Word(word) if word == "auto" => Ok(BatchSize::Auto),
+            NumberOrWord::Word(word) => Err(format!(
+                "batch_size must be a number or \"auto\", got \"{word}\""
+            )),
+        }
+    }
+}
+
+impl From<BatchSize> for NumberOrWord {
+    fn from(size: BatchSize) -> Self {
+        match size {
+            BatchSize::Fixed(n) => NumberOrWord::Number(n as u64),
+            BatchSize::Auto => NumberOrWord::Word("auto".into()),
+        }
+    }
+}
+
+impl TryFrom<NumberOrWord> for MemorySize {
+    type Error = String;
+
+    fn try_from(text: NumberOrWord) -> Result<Self, String> {
+        match text {
+            NumberOrWord::Number(bytes) => Ok(MemorySize(ByteSize(bytes))),
+            NumberOrWord::Word(word) => word.parse().map(MemorySize).map_err(|_| {
+                format!("max_memory must be a size such as \"6GiB\" or \"500MB\", got \"{word}\"")
+            }),
+        }
+    }
+}
+
+/// Written back exactly: in whole GiB or MiB where it is one, else in bytes.
+impl From<MemorySize> for NumberOrWord {
+    fn from(size: MemorySize) -> Self {
+        let bytes = size.bytes();
+        match bytes {
+            0 => NumberOrWord::Number(0),
+            _ if bytes.is_multiple_of(1 << 30) => NumberOrWord::Word(format!("{}GiB", bytes >> 30)),
+            _ if bytes.is_multiple_of(1 << 20) => NumberOrWord::Word(format!("{}MiB", bytes >> 20)),
+            _ => NumberOrWord::Number(bytes),
+        }
+    }
 }
 
 fn default_name() -> String {
@@ -108,6 +211,24 @@ impl Default for ModelSection {
             freeze_batch_norm: false,
             pretrained: None,
         }
+    }
+}
+
+impl ModelSection {
+    /// The network this section describes, for a data set of `data_classes` classes (unless
+    /// `num_classes` says otherwise).
+    pub fn resnet(&self, data_classes: usize) -> Result<ResNetConfig, ModelError> {
+        let mut config = ResNetConfig::from_name(&self.name)?;
+        config.num_classes = self.num_classes.unwrap_or(data_classes);
+        config.stem = if self.stem == "cifar" {
+            Stem::Cifar
+        } else {
+            Stem::Imagenet
+        };
+        config.width = self.width;
+        config.zero_init_residual = self.zero_init_residual;
+        config.freeze_batch_norm = self.freeze_batch_norm;
+        Ok(config)
     }
 }
 
@@ -361,9 +482,10 @@ impl TrainConfig {
             name: default_name(),
             seed: 0,
             epochs,
-            batch_size,
+            batch_size: BatchSize::Fixed(batch_size),
             accumulate: 1,
             precision: default_precision(),
+            max_memory: None,
             model: ModelSection::default(),
             data: DataSection::new(source),
             optimizer,
@@ -412,6 +534,11 @@ impl TrainConfig {
         Ok(config)
     }
 
+    /// The float type of the convolutions (`precision`, checked when the config was loaded).
+    pub fn precision(&self) -> Precision {
+        Precision::from_name(&self.precision).unwrap_or_default()
+    }
+
     /// The config as TOML, as the run directory records it.
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).expect("the config serializes")
@@ -431,16 +558,19 @@ impl TrainConfig {
         if self.epochs == 0 {
             return invalid("epochs", "must be at least 1".into());
         }
-        if self.batch_size == 0 {
+        if self.batch_size == BatchSize::Fixed(0) {
             return invalid("batch_size", "must be at least 1".into());
         }
         if self.accumulate == 0 {
             return invalid("accumulate", "must be at least 1".into());
         }
-        if self.precision != "f32" {
+        if Precision::from_name(&self.precision).is_none() {
             return invalid(
                 "precision",
-                format!("\"{}\" is not supported yet; use \"f32\"", self.precision),
+                format!(
+                    "must be \"f32\", \"bf16\" or \"f16\", got \"{}\"",
+                    self.precision
+                ),
             );
         }
         if !["imagenet", "cifar"].contains(&self.model.stem.as_str()) {
@@ -628,6 +758,24 @@ lr = 0.1
     }
 
     #[test]
+    fn batch_size_may_be_auto_and_memory_is_written_with_units() {
+        let config = parse(MINIMAL, &["batch_size=auto", "max_memory=6GiB"]).unwrap();
+        assert_eq!(config.batch_size, BatchSize::Auto);
+        assert_eq!(config.max_memory, Some(MemorySize(ByteSize::gib(6))));
+        assert_eq!(parse(&config.to_toml(), &[]).unwrap(), config);
+        let decimal = parse(MINIMAL, &["max_memory=\"500 MB\""]).unwrap();
+        assert_eq!(decimal.max_memory, Some(MemorySize(ByteSize::mb(500))));
+        assert_eq!(parse(&decimal.to_toml(), &[]).unwrap(), decimal);
+        let wrong = parse(MINIMAL, &["batch_size=most"]).unwrap_err();
+        assert!(
+            wrong.contains("batch_size") && wrong.contains("auto"),
+            "{wrong}"
+        );
+        let wrong = parse(MINIMAL, &["max_memory=lots"]).unwrap_err();
+        assert!(wrong.contains("max_memory"), "{wrong}");
+    }
+
+    #[test]
     fn overrides_reach_any_key() {
         let config = parse(
             MINIMAL,
@@ -666,7 +814,7 @@ lr = 0.1
             ("schedule.name=step", "schedule.step_size"),
             ("loss.label_smoothing=1.5", "loss.label_smoothing"),
             ("model.stem=tiny", "model.stem"),
-            ("precision=f16", "precision"),
+            ("precision=fp8", "precision"),
         ] {
             let err = parse(MINIMAL, &[set]).unwrap_err();
             assert!(err.contains(key), "{set}: {err}");

@@ -17,13 +17,15 @@ use kiln_data::{
 };
 use kiln_models::pretrained::{self, PretrainedError};
 use kiln_models::weights::{self, WeightsError};
-use kiln_models::{ModelError, ResNet, ResNetConfig, Stem};
+use kiln_models::{ModelError, Precision, ResNet, ResNetConfig, Stem};
 
 use crate::batch::{DeviceBatch, Uploaded};
 use crate::checkpoint::{self, CheckpointError, EpochSums, Position};
-use crate::config::{ModelSection, TrainConfig};
+use crate::config::{BatchSize, ModelSection, TrainConfig};
 use crate::optim::AnyOptimizer;
+use crate::panics::{self, OutOfMemory};
 use crate::parallel::{ParallelError, Placement, Replicas};
+use crate::plan::{self, Budget, Plan, PlanError};
 use crate::run_dir::{EpochSummary, RunDir};
 use crate::schedule::Schedule;
 
@@ -41,6 +43,37 @@ pub enum TrainError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Parallel(#[from] ParallelError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(
+        "precision = \"{precision}\" does not run on this device ({reason}); use precision = \"f32\"{}",
+        if *precision == "f32" { "" } else { " or train on a GPU that supports it (bf16 needs an NVIDIA GPU of the Ampere generation or later)" }
+    )]
+    PrecisionUnsupported {
+        precision: &'static str,
+        reason: String,
+    },
+    #[error(
+        "out of device memory at batch_size {batch_size} ({per_device} per device), accumulate {accumulate} ({message}); {advice}"
+    )]
+    OutOfMemory {
+        batch_size: usize,
+        per_device: usize,
+        accumulate: usize,
+        message: String,
+        advice: String,
+    },
+    #[error(
+        "the run took {} of device memory at batch_size {batch_size} ({per_device} per device), more than max_memory = {}; {advice}",
+        plan::bytes(*used), plan::bytes(*limit)
+    )]
+    OverMemory {
+        batch_size: usize,
+        per_device: usize,
+        used: u64,
+        limit: u64,
+        advice: String,
+    },
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -81,6 +114,15 @@ pub enum Event<'a> {
         lr: f64,
         images: usize,
     },
+    /// The memory plan, before anything is loaded: the batch (settled if it was `"auto"`),
+    /// the estimated peak per device, and the budget it was checked against.
+    Planned {
+        batch_size: usize,
+        auto: bool,
+        per_device: usize,
+        estimate_bytes: Option<u64>,
+        budget: Option<Budget>,
+    },
     Skipped(&'a DataError),
     Epoch(&'a EpochSummary),
     Checkpoint(&'a Path),
@@ -116,6 +158,9 @@ pub enum Outcome {
 /// `resume`, continues from the run's latest checkpoint. `memory` measures the first device for
 /// each epoch's summary. `stop` (set by Ctrl-C) ends the run after the current step with a
 /// checkpoint.
+///
+/// Before anything is loaded, the memory plan settles `batch_size = "auto"` and refuses a batch
+/// that would not fit; a device running out of memory later ends the run with a batch that fits.
 #[allow(clippy::too_many_arguments)]
 pub fn train<B: AutodiffBackend>(
     config: &TrainConfig,
@@ -126,11 +171,48 @@ pub fn train<B: AutodiffBackend>(
     observer: &mut dyn Observer,
     stop: &AtomicBool,
 ) -> Result<Outcome, TrainError> {
+    check_precision::<B>(config.precision(), &placement.devices[0])?;
+    let budget = Budget::of(config, memory.available());
+    let (config, plan) = plan_memory(config, run, placement.peers(), budget, observer)?;
+    let limits = Limits {
+        plan: plan.as_ref(),
+        budget,
+        max_memory: config.max_memory.map(|m| m.bytes()),
+    };
+    panics::catch_out_of_memory(|| {
+        train_planned::<B>(
+            &config, run, resume, placement, memory, &limits, observer, stop,
+        )
+    })
+    .unwrap_or_else(|oom| Err(out_of_memory(&config, &limits, oom)))
+}
+
+/// The memory side of a run: the plan (when the config allows one) and the limits a step
+/// is held to.
+struct Limits<'a> {
+    plan: Option<&'a Plan>,
+    budget: Option<Budget>,
+    max_memory: Option<u64>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn train_planned<B: AutodiffBackend>(
+    config: &TrainConfig,
+    run: &RunDir,
+    resume: bool,
+    placement: Placement<B::Device>,
+    memory: &mut MemoryMeter,
+    limits: &Limits,
+    observer: &mut dyn Observer,
+    stop: &AtomicBool,
+) -> Result<Outcome, TrainError> {
     let device = placement.devices[0].clone();
     B::seed(&device, config.seed);
     let (train_loader, val_loader) = loaders(config, shard(&placement))?;
     let classes = train_loader.dataset().classes().len();
-    let model = build_model::<B>(&config.model, classes, &device)?;
+    let in_use_before_model = memory.current().unwrap_or(0);
+    let model =
+        build_model::<B>(&config.model, classes, &device)?.with_precision(config.precision());
     let new_optimizer = || AnyOptimizer::<ResNet<B>, B>::new(&config.optimizer);
     let mut replicas = Replicas::new(
         model,
@@ -179,6 +261,7 @@ pub fn train<B: AutodiffBackend>(
             let lr = schedule.lr(position.iteration);
             let step = replicas.step(step_batches, lr)?;
             memory.sample();
+            check_max_memory(config, limits, memory, in_use_before_model)?;
             if step.images == 0 {
                 continue;
             }
@@ -263,6 +346,127 @@ pub fn train<B: AutodiffBackend>(
         last: history.last().cloned(),
         model: model_path,
     })
+}
+
+/// Trains one step of a tiny network in `precision` on `device`, so that a type the device
+/// cannot compute in is refused before anything is loaded, in one line.
+fn check_precision<B: AutodiffBackend>(
+    precision: Precision,
+    device: &B::Device,
+) -> Result<(), TrainError> {
+    if precision == Precision::F32 {
+        return Ok(());
+    }
+    let probe = || {
+        let model = ResNetConfig::new(18)
+            .with_width(1)
+            .with_num_classes(2)
+            .with_stem(Stem::Cifar)
+            .init::<B>(device)
+            .expect("a valid config")
+            .with_precision(precision);
+        let images = Tensor::<B, 4>::ones([2, 3, 8, 8], device);
+        let loss = model.forward(images).sum();
+        let grads = loss.backward();
+        model.conv1.weight.grad(&grads).map(|g| g.into_data())
+    };
+    match panics::quietly(probe) {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(TrainError::PrecisionUnsupported {
+            precision: precision.name(),
+            reason: "no gradient reached the weights".into(),
+        }),
+        Err(reason) => Err(TrainError::PrecisionUnsupported {
+            precision: precision.name(),
+            reason,
+        }),
+    }
+}
+
+/// Makes the memory plan: settles `batch_size = "auto"` (recording the number in the run's
+/// config, so that a resumed run keeps it) and refuses a batch whose estimate exceeds the
+/// budget. Without `"auto"` or `max_memory`, a config the plan cannot count (an image folder
+/// without a crop) trains unplanned.
+fn plan_memory(
+    config: &TrainConfig,
+    run: &RunDir,
+    peers: usize,
+    budget: Option<Budget>,
+    observer: &mut dyn Observer,
+) -> Result<(TrainConfig, Option<Plan>), TrainError> {
+    let needed = config.batch_size == BatchSize::Auto || config.max_memory.is_some();
+    let plan = match Plan::new(config, peers) {
+        Ok(plan) => plan,
+        Err(error) if needed => return Err(error.into()),
+        Err(_) => return Ok((config.clone(), None)),
+    };
+    let settled = plan::settle_batch_size(config, &plan, budget.map(|b| b.bytes))?;
+    let plan = Plan {
+        batch_size: settled.batch_size.fixed(),
+        ..plan
+    };
+    if let Some(budget) = budget {
+        plan.check(budget.bytes, budget.source)?;
+    }
+    if settled != *config {
+        run.record_config(&settled).map_err(io_error(&run.path))?;
+    }
+    let batch_size = settled.batch_size.fixed().unwrap_or(1);
+    observer.event(Event::Planned {
+        batch_size,
+        auto: config.batch_size == BatchSize::Auto,
+        per_device: plan.per_device(batch_size),
+        estimate_bytes: plan.configured_peak(),
+        budget,
+    });
+    Ok((settled, Some(plan)))
+}
+
+/// Stops a run whose measured peak went above `max_memory`.
+fn check_max_memory(
+    config: &TrainConfig,
+    limits: &Limits,
+    memory: &mut MemoryMeter,
+    in_use_before_model: u64,
+) -> Result<(), TrainError> {
+    let Some(limit) = limits.max_memory else {
+        return Ok(());
+    };
+    let Some(used) = memory
+        .peak_bytes()
+        .map(|peak| peak.saturating_sub(in_use_before_model))
+    else {
+        return Ok(());
+    };
+    if used <= limit {
+        return Ok(());
+    }
+    let (batch_size, per_device) = batch_and_share(config, limits);
+    Err(TrainError::OverMemory {
+        batch_size,
+        per_device,
+        used,
+        limit,
+        advice: plan::advice(limits.plan, Some(limit), Some(used)),
+    })
+}
+
+/// The error for a device that ran out of memory.
+fn out_of_memory(config: &TrainConfig, limits: &Limits, oom: OutOfMemory) -> TrainError {
+    let (batch_size, per_device) = batch_and_share(config, limits);
+    TrainError::OutOfMemory {
+        batch_size,
+        per_device,
+        accumulate: config.accumulate,
+        message: oom.message,
+        advice: plan::advice(limits.plan, limits.budget.map(|b| b.bytes), None),
+    }
+}
+
+fn batch_and_share(config: &TrainConfig, limits: &Limits) -> (usize, usize) {
+    let batch_size = config.batch_size.fixed().unwrap_or(0);
+    let per_device = limits.plan.map_or(batch_size, |p| p.per_device(batch_size));
+    (batch_size, per_device)
 }
 
 /// The next optimizer step's loader batches: `accumulate` of them, fewer at the end of an
@@ -375,9 +579,12 @@ pub fn loaders(config: &TrainConfig, shard: Shard) -> Result<(Loader, Option<Loa
         max_side: data.max_image_side,
         ..ImageLimits::default()
     };
+    let batch_size = config.batch_size.fixed().ok_or_else(|| {
+        DataError::Invalid("batch_size = \"auto\" is settled by `kiln train`; give a number".into())
+    })?;
     let splits = data.source.open(config.seed, limits)?;
     let loader_config = LoaderConfig {
-        batch_size: config.batch_size,
+        batch_size,
         shuffle: true,
         drop_last: data.drop_last,
         workers: data.workers,
@@ -411,16 +618,7 @@ pub fn build_model<B: Backend>(
     data_classes: usize,
     device: &B::Device,
 ) -> Result<ResNet<B>, TrainError> {
-    let mut config = ResNetConfig::from_name(&section.name)?;
-    config.num_classes = section.num_classes.unwrap_or(data_classes);
-    config.stem = if section.stem == "cifar" {
-        Stem::Cifar
-    } else {
-        Stem::Imagenet
-    };
-    config.width = section.width;
-    config.zero_init_residual = section.zero_init_residual;
-    config.freeze_batch_norm = section.freeze_batch_norm;
+    let config = section.resnet(data_classes)?;
     let model = config.init::<B>(device)?;
     let path = match section.pretrained.as_deref() {
         None => return Ok(model),
@@ -433,7 +631,10 @@ pub fn build_model<B: Backend>(
     Ok(model)
 }
 
-fn loss_function<B: Backend>(config: &TrainConfig, device: &B::Device) -> CrossEntropyLoss<B> {
+pub(crate) fn loss_function<B: Backend>(
+    config: &TrainConfig,
+    device: &B::Device,
+) -> CrossEntropyLoss<B> {
     let smoothing = config.loss.label_smoothing;
     CrossEntropyLossConfig::new()
         .with_smoothing((smoothing > 0.0).then_some(smoothing as f32))

@@ -22,10 +22,11 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor, TensorData, TensorPrimitive};
 use kiln_data::HostBatch;
-use kiln_models::ResNet;
+use kiln_models::{Precision, ResNet};
 
 use crate::batch::to_device;
 use crate::optim::AnyOptimizer;
+use crate::scaler::LossScaler;
 
 /// The machines of a multi-machine run and this machine's place among them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,6 +143,9 @@ pub struct Replicas<B: AutodiffBackend> {
 struct Replica<B: AutodiffBackend> {
     model: Option<ResNet<B>>,
     optimizer: AnyOptimizer<ResNet<B>, B>,
+    /// f16 training's loss scaling; every replica makes the same decisions, from the same
+    /// all-reduced gradients.
+    scaler: Option<LossScaler>,
     loss_fn: CrossEntropyLoss<B>,
     device: B::Device,
     peer: PeerId,
@@ -165,6 +169,7 @@ impl<B: AutodiffBackend> Replicas<B> {
             .map(|(i, device)| Replica {
                 model: Some(replica_of(&model, device)),
                 optimizer: make_optimizer(),
+                scaler: (model.precision == Precision::F16).then(LossScaler::default),
                 loss_fn: make_loss(device),
                 device: device.clone(),
                 peer: PeerId::from(first + i),
@@ -343,18 +348,24 @@ impl<B: AutodiffBackend> Replica<B> {
             let value: f64 = loss.clone().into_scalar().elem();
             loss_sum += value * n as f64;
             let share = n as f64 / total as f64;
-            let grads = GradientsParams::from_grads((loss * share).backward(), &model);
+            let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale);
+            let grads = GradientsParams::from_grads((loss * (share * scale)).backward(), &model);
             accumulator.accumulate(&model, grads);
         }
-        let mut grads = accumulator.grads();
+        let mut grads = Some(accumulator.grads());
         if collective {
-            grads = all_reduce_gradients(&model, grads, self.peer)?;
+            grads = grads
+                .map(|g| all_reduce_gradients(&model, g, self.peer))
+                .transpose()?;
         }
-        if total > 0 {
-            self.model = Some(self.optimizer.step(lr, model, grads));
-        } else {
-            self.model = Some(model);
+        if let Some(scaler) = &mut self.scaler {
+            grads = grads.and_then(|g| scaler.unscale(&model, g));
         }
+        self.model = Some(match grads {
+            Some(grads) if total > 0 => self.optimizer.step(lr, model, grads),
+            // No images this step, or f16 gradients that overflowed: no update.
+            _ => model,
+        });
         if collective {
             let sums = self.sum(&[loss_sum, correct as f64])?;
             (loss_sum, correct) = (sums[0], sums[1].round() as usize);

@@ -7,6 +7,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::engine::{Event, Observer};
+use crate::plan;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -86,6 +87,29 @@ impl Observer for Console {
                     run_dir.display()
                 ));
                 self.window_start = Instant::now();
+            }
+            Event::Planned {
+                batch_size,
+                auto,
+                per_device,
+                estimate_bytes,
+                budget,
+            } => {
+                let batch = match auto {
+                    true => format!("batch_size \"auto\": {batch_size}"),
+                    false => format!("batch_size {batch_size}"),
+                };
+                let share = match per_device == batch_size {
+                    true => String::new(),
+                    false => format!(" ({per_device} per device)"),
+                };
+                let estimate = estimate_bytes.map_or(String::new(), |bytes| {
+                    format!("; about {} of memory per device", plan::bytes(bytes))
+                });
+                let budget = budget.map_or(String::new(), |b| {
+                    format!(" ({}{})", plan::bytes(b.bytes), b.source)
+                });
+                self.line(format!("{batch}{share}{estimate}{budget}"));
             }
             Event::Iteration {
                 epoch,

@@ -58,8 +58,13 @@ impl RunDir {
         }
         std::fs::create_dir_all(path.join("checkpoints"))?;
         let dir = Self { path };
-        write_atomically(&dir.config_path(), config.to_toml().as_bytes())?;
+        dir.record_config(config)?;
         Ok(dir)
+    }
+
+    /// Writes the config the run trains with (again, once `batch_size = "auto"` is settled).
+    pub fn record_config(&self, config: &TrainConfig) -> std::io::Result<()> {
+        write_atomically(&self.config_path(), config.to_toml().as_bytes())
     }
 
     /// An existing run directory, for `--resume`.

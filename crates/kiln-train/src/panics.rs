@@ -1,0 +1,109 @@
+//! Panics from burn's runtimes as errors. The GPU runtimes panic when an allocation fails; the
+//! engine runs its work under [`catch_out_of_memory`], which turns such a panic into a value
+//! that can be explained with a batch size that fits, and lets every other panic go on. A
+//! capability probe runs under [`quietly`], which catches every panic.
+
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// How many [`catch_out_of_memory`]s are running, on any thread: while there is one, a panic
+/// hook can leave out-of-memory panics to it (see [`will_be_caught`]).
+static CATCHING: AtomicUsize = AtomicUsize::new(0);
+
+/// How many [`quietly`]s are running: while there is one, every panic is caught.
+static QUIET: AtomicUsize = AtomicUsize::new(0);
+
+/// An allocation that failed on the device, with the runtime's words.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutOfMemory {
+    pub message: String,
+}
+
+/// Runs `work`; an out-of-memory panic inside it becomes `Err`, any other panic unwinds on.
+pub fn catch_out_of_memory<T>(work: impl FnOnce() -> T) -> Result<T, OutOfMemory> {
+    CATCHING.fetch_add(1, Ordering::SeqCst);
+    let result = catch_unwind(AssertUnwindSafe(work));
+    CATCHING.fetch_sub(1, Ordering::SeqCst);
+    match result {
+        Ok(value) => Ok(value),
+        Err(payload) => match message(payload.as_ref()) {
+            Some(text) if is_out_of_memory(&text) => Err(OutOfMemory {
+                message: text.lines().next().unwrap_or_default().to_string(),
+            }),
+            _ => resume_unwind(payload),
+        },
+    }
+}
+
+/// Runs `probe`; any panic inside becomes `Err` with its first line, unreported by the hook.
+pub fn quietly<T>(probe: impl FnOnce() -> T) -> Result<T, String> {
+    QUIET.fetch_add(1, Ordering::SeqCst);
+    let result = catch_unwind(AssertUnwindSafe(probe));
+    QUIET.fetch_sub(1, Ordering::SeqCst);
+    result.map_err(|payload| {
+        let text = message(payload.as_ref()).unwrap_or_else(|| "no message".into());
+        text.lines().next().unwrap_or_default().to_string()
+    })
+}
+
+/// Whether a panic with this payload will be turned into an error by a running
+/// [`catch_out_of_memory`] or [`quietly`], so that a panic hook need not report it.
+pub fn will_be_caught(payload: &(dyn Any + Send)) -> bool {
+    QUIET.load(Ordering::SeqCst) > 0
+        || CATCHING.load(Ordering::SeqCst) > 0
+            && message(payload).is_some_and(|m| is_out_of_memory(&m))
+}
+
+/// The text of a panic.
+fn message(payload: &(dyn Any + Send)) -> Option<String> {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+}
+
+/// How cubecl (CUDA, wgpu), the CUDA driver and wgpu word a failed allocation.
+fn is_out_of_memory(text: &str) -> bool {
+    let text = text.to_lowercase();
+    [
+        "out of memory",
+        "out-of-memory",
+        "outofmemory",
+        "out_of_memory",
+    ]
+    .iter()
+    .any(|words| text.contains(words))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_out_of_memory_panic_becomes_an_error() {
+        let caught = catch_out_of_memory(|| -> u32 {
+            panic!(
+                "An out-of-memory error happened during launch\nCaused by:\n  cannot allocate 4 GiB"
+            )
+        });
+        assert_eq!(
+            caught,
+            Err(OutOfMemory {
+                message: "An out-of-memory error happened during launch".into()
+            })
+        );
+        assert_eq!(catch_out_of_memory(|| 7), Ok(7));
+        assert_eq!(
+            quietly(|| -> u32 { panic!("no bf16\nhere") }),
+            Err("no bf16".into())
+        );
+    }
+
+    #[test]
+    fn other_panics_go_on() {
+        let outer =
+            std::panic::catch_unwind(|| catch_out_of_memory(|| panic!("index out of bounds")));
+        assert!(outer.is_err());
+    }
+}

@@ -1,0 +1,449 @@
+//! Memory planning: the peak device memory of a training step, counted from the model's
+//! footprint, the batch and the optimizer; the largest batch that fits a budget; and a
+//! measurement of the real peak to check the count against.
+//!
+//! The count is the weights, one set of gradients, the optimizer's state, the gradient sums of
+//! an accumulation in progress, a backend workspace, and per image the activations that
+//! autodiff keeps for the backward pass. Two constants were measured on burn 0.21's flex backend
+//! with `kiln plan --measure` (ResNet-18 at 32x32 and ResNet-50 at 112x112 and 224x224, batches 2
+//! to 128, SGD with and without momentum, Adam, accumulation): `ACTIVATIONS_KEPT` and
+//! `WORKSPACE`. GPU memory pools were not measured here.
+
+use std::time::Instant;
+
+use burn::tensor::backend::AutodiffBackend;
+use kiln_backend::MemoryMeter;
+use kiln_data::{HostBatch, Pipeline};
+use kiln_models::Footprint;
+use serde::Serialize;
+
+use crate::TrainError;
+use crate::config::{BatchSize, OptimizerName, TrainConfig};
+use crate::engine::{build_model, loss_function};
+use crate::optim::AnyOptimizer;
+use crate::parallel::{Placement, Replicas};
+
+/// The share of all layer outputs that a step keeps per image: 0.90 to 0.94 of the elements that
+/// `Footprint::activations_per_image` counts, for ResNet-18 and ResNet-50 alike.
+const ACTIVATIONS_KEPT: f64 = 0.92;
+
+/// What a step takes besides tensors the count knows of (convolution scratch, thread pools):
+/// 10 to 35 MiB measured.
+const WORKSPACE: u64 = 24 << 20;
+
+/// Headroom that `batch_size = "auto"` leaves below the budget, for what the count misses
+/// (allocator and pool rounding, the data loader's buffers, other processes).
+const AUTO_HEADROOM: f64 = 0.85;
+
+const F32: u64 = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "cannot tell the input size of the images: the data set's images come in any size and train_transforms has no crop. Add a crop (for example {{ op = \"random_resized_crop\", size = 224 }}) to [data] train_transforms"
+    )]
+    UnknownInputSize,
+    #[error(
+        "cannot tell how many classes the data set has: set model.num_classes, or check that the image folder's train directory exists"
+    )]
+    UnknownClasses,
+    #[error(
+        "batch_size = \"auto\" needs to know how much memory the device has, and this one does not say: set max_memory (for example max_memory = \"8GiB\") or a number for batch_size"
+    )]
+    UnknownBudget,
+    #[error(
+        "not even one image per device fits in {}: the model's weights and optimizer state alone take {} ({})",
+        bytes(*budget), bytes(*fixed), plan_hint()
+    )]
+    NothingFits { budget: u64, fixed: u64 },
+    #[error(
+        "batch_size {batch_size} with accumulate {accumulate} needs about {} per device, more than the {}{}; {} ({})",
+        bytes(*needed), bytes(*budget), budget_source, fit_advice(fit), plan_hint()
+    )]
+    TooLarge {
+        batch_size: usize,
+        accumulate: usize,
+        needed: u64,
+        budget: u64,
+        budget_source: &'static str,
+        fit: Option<Fit>,
+    },
+    #[error(transparent)]
+    Data(#[from] kiln_data::DataError),
+    #[error(transparent)]
+    Model(#[from] kiln_models::ModelError),
+}
+
+fn plan_hint() -> &'static str {
+    "`kiln plan --config <file>` shows the estimate"
+}
+
+fn fit_advice(fit: &Option<Fit>) -> String {
+    match fit {
+        Some(fit) => format!(
+            "batch_size = {} with accumulate = {} fits and keeps the same update",
+            fit.batch_size, fit.accumulate
+        ),
+        None => "nothing fits: a smaller model or input size is needed".into(),
+    }
+}
+
+/// A byte count for people: `1.2 GiB`.
+pub fn bytes(count: u64) -> String {
+    bytesize::ByteSize(count).display().iec().to_string()
+}
+
+/// A batch size and accumulation, over all devices, whose micro-batches fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Fit {
+    pub batch_size: usize,
+    pub accumulate: usize,
+}
+
+/// The estimate for one config on `replicas` devices.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    pub model: String,
+    /// Width and height of the training images.
+    pub input: (u32, u32),
+    pub classes: usize,
+    pub parameters: u64,
+    pub replicas: usize,
+    /// The configured batch over all devices (`None` for `"auto"`).
+    pub batch_size: Option<usize>,
+    pub accumulate: usize,
+    /// What one device holds whatever the batch: weights (and batch-norm statistics), one set
+    /// of gradients, optimizer state, the gradient sums of an accumulation, and workspace.
+    pub weights_bytes: u64,
+    pub gradient_bytes: u64,
+    pub optimizer_bytes: u64,
+    pub accumulated_gradient_bytes: u64,
+    pub workspace_bytes: u64,
+    /// What each image of a device's micro-batch adds.
+    pub bytes_per_image: u64,
+}
+
+impl Plan {
+    /// Counts `config`'s model at its training input size, on `replicas` devices.
+    pub fn new(config: &TrainConfig, replicas: usize) -> Result<Self, PlanError> {
+        let data = &config.data;
+        let (width, height) = Pipeline::new(&data.train_transforms)?
+            .output_size(data.source.image_size())
+            .ok_or(PlanError::UnknownInputSize)?;
+        let classes = config
+            .model
+            .num_classes
+            .or_else(|| data.source.class_count())
+            .filter(|&c| c > 0)
+            .ok_or(PlanError::UnknownClasses)?;
+        let model = config.model.resnet(classes)?;
+        let footprint: Footprint = model.footprint(height as usize, width as usize)?;
+        let parameters = footprint.parameters;
+        let optimizer_slots = match config.optimizer.name {
+            OptimizerName::Sgd if config.optimizer.momentum > 0.0 => 1,
+            OptimizerName::Sgd => 0,
+            OptimizerName::Adam | OptimizerName::Adamw => 2,
+        };
+        let input = 3 * u64::from(width) * u64::from(height);
+        let kept = (footprint.activations_per_image + input) as f64 * ACTIVATIONS_KEPT;
+        Ok(Plan {
+            model: config.model.name.clone(),
+            input: (width, height),
+            classes,
+            parameters,
+            replicas: replicas.max(1),
+            batch_size: config.batch_size.fixed(),
+            accumulate: config.accumulate,
+            weights_bytes: F32 * (parameters + footprint.buffers),
+            gradient_bytes: F32 * parameters,
+            optimizer_bytes: F32 * parameters * optimizer_slots,
+            accumulated_gradient_bytes: if config.accumulate > 1 {
+                F32 * parameters
+            } else {
+                0
+            },
+            workspace_bytes: WORKSPACE,
+            bytes_per_image: (kept * F32 as f64) as u64,
+        })
+    }
+
+    /// Images per device in one forward pass of a `batch_size` batch over all devices.
+    pub fn per_device(&self, batch_size: usize) -> usize {
+        batch_size.div_ceil(self.replicas)
+    }
+
+    /// What one device holds regardless of the batch.
+    pub fn fixed_bytes(&self) -> u64 {
+        self.weights_bytes
+            + self.gradient_bytes
+            + self.optimizer_bytes
+            + self.accumulated_gradient_bytes
+            + self.workspace_bytes
+    }
+
+    /// Peak memory of one device with `per_device` images per forward pass.
+    pub fn peak_bytes(&self, per_device: usize) -> u64 {
+        self.fixed_bytes() + self.bytes_per_image * per_device as u64
+    }
+
+    /// The configured batch's peak (`None` for `"auto"`).
+    pub fn configured_peak(&self) -> Option<u64> {
+        self.batch_size.map(|b| self.peak_bytes(self.per_device(b)))
+    }
+
+    /// The most images per device whose peak stays within `budget`.
+    pub fn largest_per_device(&self, budget: u64) -> Option<usize> {
+        let room = budget.checked_sub(self.fixed_bytes())?;
+        let images = (room / self.bytes_per_image.max(1)) as usize;
+        (images > 0).then_some(images)
+    }
+
+    /// `batch_size = "auto"`: the largest power of two over all devices whose micro-batches fit
+    /// `budget` with headroom.
+    pub fn auto_batch_size(&self, budget: u64) -> Result<usize, PlanError> {
+        let room = (budget as f64 * AUTO_HEADROOM) as u64;
+        let per_device = self
+            .largest_per_device(room)
+            .ok_or(PlanError::NothingFits {
+                budget: room,
+                fixed: self.fixed_bytes(),
+            })?;
+        let largest = per_device * self.replicas;
+        Ok(1 << largest.ilog2())
+    }
+
+    /// A batch and accumulation that give the configured update (`batch_size * accumulate`
+    /// images per step) in micro-batches that fit `budget`.
+    pub fn fit(&self, budget: u64) -> Option<Fit> {
+        let step_images = self.batch_size? * self.accumulate;
+        let mut plan = self.clone();
+        plan.accumulated_gradient_bytes = F32 * self.parameters;
+        let per_device = plan.largest_per_device(budget)?;
+        let accumulate = step_images.div_ceil(per_device * self.replicas);
+        Some(Fit {
+            batch_size: step_images.div_ceil(accumulate),
+            accumulate,
+        })
+    }
+
+    /// Refuses a configured batch whose estimate exceeds `budget`, naming one that fits.
+    pub fn check(&self, budget: u64, budget_source: &'static str) -> Result<(), PlanError> {
+        match (self.batch_size, self.configured_peak()) {
+            (Some(batch_size), Some(needed)) if needed > budget => Err(PlanError::TooLarge {
+                batch_size,
+                accumulate: self.accumulate,
+                needed,
+                budget,
+                budget_source,
+                fit: self.fit(budget),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The peak that `steps` real training steps of `plan`'s micro-batch took on `device`, above
+/// what was in use before: the figure the estimate is checked against.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Measured {
+    pub per_device: usize,
+    pub peak_bytes: u64,
+    pub seconds_per_step: f64,
+}
+
+/// Trains `steps` steps on random images of the plan's size (the engine's own step, with the
+/// config's optimizer and accumulation; no pretrained weights) and reads the peak from
+/// `memory`. `None` where the device cannot report memory.
+pub fn measure<B: AutodiffBackend>(
+    config: &TrainConfig,
+    plan: &Plan,
+    per_device: usize,
+    steps: usize,
+    device: &B::Device,
+    memory: &mut MemoryMeter,
+) -> Result<Option<Measured>, TrainError> {
+    let mut section = config.model.clone();
+    section.pretrained = None;
+    memory.reset_peak();
+    let before = memory.current();
+    let model = build_model::<B>(&section, plan.classes, device)?;
+    let mut replicas = Replicas::new(
+        model,
+        || AnyOptimizer::new(&config.optimizer),
+        |device| loss_function::<B>(config, device),
+        &Placement::single(device.clone()),
+    )?;
+    let clock = Instant::now();
+    for step in 0..steps {
+        let batches = (0..config.accumulate)
+            .map(|i| random_batch(per_device, plan.input, plan.classes, step + i))
+            .collect();
+        replicas.step(batches, config.optimizer.lr)?;
+        memory.sample();
+    }
+    let seconds_per_step = clock.elapsed().as_secs_f64() / steps.max(1) as f64;
+    let peak = memory.peak_bytes();
+    drop(replicas);
+    Ok(before.zip(peak).map(|(before, peak)| Measured {
+        per_device,
+        peak_bytes: peak.saturating_sub(before),
+        seconds_per_step,
+    }))
+}
+
+/// A host batch of `n` images with values spread like normalized pixels.
+fn random_batch(n: usize, (width, height): (u32, u32), classes: usize, seed: usize) -> HostBatch {
+    let shape = [n, 3, height as usize, width as usize];
+    let len = shape.iter().product::<usize>();
+    let images = (0..len)
+        .map(|i| (((i * 7919 + seed * 104_729) % 2001) as f32 / 1000.0) - 1.0)
+        .collect();
+    HostBatch {
+        images,
+        shape,
+        labels: (0..n).map(|i| ((i + seed) % classes) as i64).collect(),
+        skipped: Vec::new(),
+    }
+}
+
+/// The memory a run may take on each device, and where that figure comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Budget {
+    pub bytes: u64,
+    /// Follows the figure: " allowed by max_memory" or " free on the device".
+    pub source: &'static str,
+}
+
+impl Budget {
+    /// `max_memory` where set (or what the device has, if less), else what the device has.
+    pub fn of(config: &TrainConfig, available: Option<u64>) -> Option<Budget> {
+        let limit = config.max_memory.map(|m| m.bytes());
+        match (limit, available) {
+            (Some(limit), Some(free)) if free < limit => Some(Budget {
+                bytes: free,
+                source: " free on the device",
+            }),
+            (Some(limit), _) => Some(Budget {
+                bytes: limit,
+                source: " allowed by max_memory",
+            }),
+            (None, Some(free)) => Some(Budget {
+                bytes: free,
+                source: " free on the device",
+            }),
+            (None, None) => None,
+        }
+    }
+}
+
+/// What to do when a run did not fit: a batch and accumulation that the estimate fits in
+/// `budget` (scaled by how far the measured `used` was above the estimate), else halving.
+pub fn advice(plan: Option<&Plan>, budget: Option<u64>, used: Option<u64>) -> String {
+    let fit = plan.zip(budget).and_then(|(plan, budget)| {
+        let estimate = plan.configured_peak()? as f64;
+        let scale = used.map_or(1.0, |used| (estimate / used as f64).min(1.0));
+        plan.fit((budget as f64 * scale) as u64)
+    });
+    match (fit, budget) {
+        (Some(fit), Some(budget)) => format!(
+            "batch_size = {} with accumulate = {} keeps the same update and should fit in {} ({})",
+            fit.batch_size,
+            fit.accumulate,
+            bytes(budget),
+            plan_hint()
+        ),
+        _ => "halve batch_size and double accumulate to keep the same update".into(),
+    }
+}
+
+/// Settles `batch_size = "auto"` for `budget` bytes per device; a fixed batch stays.
+pub fn settle_batch_size(
+    config: &TrainConfig,
+    plan: &Plan,
+    budget: Option<u64>,
+) -> Result<TrainConfig, PlanError> {
+    let mut settled = config.clone();
+    if config.batch_size == BatchSize::Auto {
+        let budget = budget.ok_or(PlanError::UnknownBudget)?;
+        settled.batch_size = BatchSize::Fixed(plan.auto_batch_size(budget)?);
+    }
+    Ok(settled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OptimizerConfig;
+    use kiln_data::Source;
+
+    fn cifar(batch_size: usize) -> TrainConfig {
+        let mut config = TrainConfig::new(
+            Source::Cifar10 {
+                root: "data".into(),
+                download: false,
+            },
+            OptimizerConfig::sgd(0.1),
+            1,
+            batch_size,
+        );
+        config.model.stem = "cifar".into();
+        config.optimizer.momentum = 0.9;
+        config
+    }
+
+    #[test]
+    fn memory_grows_with_the_batch_and_the_optimizers_state() {
+        let plan = Plan::new(&cifar(32), 1).unwrap();
+        assert_eq!(plan.input, (32, 32));
+        assert_eq!(plan.classes, 10);
+        assert_eq!(plan.optimizer_bytes, 4 * plan.parameters);
+        assert!(plan.peak_bytes(64) > plan.peak_bytes(32));
+        let mut adam = cifar(32);
+        adam.optimizer = OptimizerConfig::adam(1e-3);
+        assert_eq!(
+            Plan::new(&adam, 1).unwrap().optimizer_bytes,
+            8 * plan.parameters
+        );
+        // Two devices halve the images each holds.
+        let two = Plan::new(&cifar(64), 2).unwrap();
+        assert_eq!(two.configured_peak(), plan.configured_peak());
+    }
+
+    #[test]
+    fn a_batch_too_large_for_the_budget_is_refused_with_one_that_fits() {
+        let plan = Plan::new(&cifar(256), 1).unwrap();
+        let budget = plan.peak_bytes(100);
+        let Err(PlanError::TooLarge { fit: Some(fit), .. }) = plan.check(budget, "") else {
+            panic!("a batch of 256 was let into room for 100");
+        };
+        assert!(fit.batch_size * fit.accumulate >= 256);
+        assert!(fit.batch_size * (fit.accumulate - 1) < 256);
+        let mut fitting = plan.clone();
+        fitting.batch_size = Some(fit.batch_size);
+        fitting.accumulate = fit.accumulate;
+        fitting.accumulated_gradient_bytes = 4 * plan.parameters;
+        assert!(fitting.configured_peak().unwrap() <= budget);
+        assert!(plan.check(plan.peak_bytes(256), "").is_ok());
+    }
+
+    #[test]
+    fn auto_takes_the_largest_power_of_two_that_fits_with_headroom() {
+        let mut config = cifar(1);
+        config.batch_size = BatchSize::Auto;
+        let plan = Plan::new(&config, 2).unwrap();
+        let budget = plan.peak_bytes(100);
+        let settled = settle_batch_size(&config, &plan, Some(budget)).unwrap();
+        let batch = settled.batch_size.fixed().unwrap();
+        assert!(batch.is_power_of_two());
+        assert!(plan.peak_bytes(plan.per_device(batch)) as f64 <= budget as f64 * 0.85);
+        assert!(plan.peak_bytes(plan.per_device(2 * batch)) as f64 > budget as f64 * 0.85);
+        assert!(matches!(
+            settle_batch_size(&config, &plan, None),
+            Err(PlanError::UnknownBudget)
+        ));
+        assert!(matches!(
+            settle_batch_size(&config, &plan, Some(plan.fixed_bytes())),
+            Err(PlanError::NothingFits { .. })
+        ));
+    }
+}

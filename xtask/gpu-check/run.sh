@@ -2,7 +2,7 @@
 # kiln's GPU check, for a machine with NVIDIA GPUs: no Rust toolchain and no internet needed.
 # Everything it runs is in this folder (built by `cargo xtask gpu-check --carry-dir <dir>`).
 #
-#   bash run.sh [--dry-run] [--out DIR]
+#   bash run.sh [--dry-run] [--out DIR] [--steps a,b,...]
 #
 # Steps, each with a time limit, each logged to DIR/<step>.log, summed up in DIR/summary.md:
 # devices, compare (cuda and vulkan against flex), bench (kiln on cuda and vulkan beside PyTorch
@@ -13,16 +13,19 @@
 # training, and bf16's measured peak); nodes is listed as skipped (blocked upstream).
 # --dry-run runs the same steps on this machine's CPU (flex, and a software Vulkan device when
 # there is one) at toy sizes, to check the script and the carried binary on a machine without GPU.
+# --steps runs only the named steps (for a machine lent for a few minutes: the important first).
 set -uo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 DRY=0
 OUT=""
+STEPS=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) DRY=1 ;;
         --out) OUT="$2"; shift ;;
-        -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+        --steps) STEPS=",$2,"; shift ;;
+        -h|--help) sed -n 2,16p "$0"; exit 0 ;;
         *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -72,15 +75,81 @@ FAILED=0
     echo "|---|---|---:|---|"
 } > "$OUT/summary.md"
 
+# descendants PID: PID and every process below it.
+descendants() {
+    echo "$1"
+    local child
+    for child in $(pgrep -P "$1"); do descendants "$child"; done
+}
+
+# kill_tree PID: ends PID and everything it started.
+kill_tree() {
+    local pids
+    pids="$(descendants "$1")"
+    kill -TERM $pids 2>/dev/null
+    sleep 2
+    kill -KILL $pids 2>/dev/null
+}
+
+# snapshot PID: what a stalled step's processes are doing. Each thread's state and CPU ticks,
+# twice five seconds apart (busy or waiting), and backtraces where a debugger is installed.
+snapshot() {
+    local pid round task debugger
+    for round in 1 2; do
+        echo "== threads, round $round ($(date -u +%H:%M:%S)): tid name state user-ticks system-ticks wchan"
+        for pid in $(descendants "$1"); do
+            echo "-- process $pid: $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | cut -c1-200)"
+            for task in /proc/"$pid"/task/*; do
+                echo "$(basename "$task") $(cut -d' ' -f2,3,14,15 "$task/stat" 2>/dev/null) $(cat "$task/wchan" 2>/dev/null)"
+            done
+        done
+        [ "$round" = 1 ] && sleep 5
+    done
+    debugger="$(command -v gdb || command -v cuda-gdb)"
+    if [ -n "$debugger" ]; then
+        for pid in $(descendants "$1"); do
+            echo "== backtraces of $pid ($debugger)"
+            timeout 60 "$debugger" -p "$pid" -batch -ex "thread apply all bt 20" 2>&1 | grep -v '^\[New LWP' | head -n 600
+        done
+    fi
+}
+
+# wanted NAME: whether --steps (if given) names NAME.
+wanted() {
+    [ -z "$STEPS" ] || [[ "$STEPS" == *",$1,"* ]]
+}
+
 # step NAME SECONDS COMMAND...: runs COMMAND under a time limit and records the outcome.
 step() {
     local name="$1" limit="$2"
     shift 2
+    wanted "$name" || return 0
     local log="$OUT/$name.log" start=$SECONDS rc
     echo "== $name (up to ${limit}s): $*"
     echo "\$ $*" > "$log"
-    timeout "$limit" "$@" >> "$log" 2>&1
-    rc=$?
+    # cubecl (cuda, vulkan) reads cubecl.toml from the working directory: it logs each kernel it
+    # compiles and each autotune result, so when a step stalls the log's last lines say where.
+    printf '[compilation.logger]\nlevel = "basic"\nfile = "%s"\n[autotune.logger]\nlevel = "minimal"\nfile = "%s"\n' \
+        "$OUT/$name.cubecl.log" "$OUT/$name.cubecl.log" > "$OUT/work/cubecl.toml"
+    (cd "$OUT/work" && exec "$@") >> "$log" 2>&1 &
+    local pid=$! waited=0
+    while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt "$limit" ]; do
+        sleep 1
+        waited=$((waited + 1))
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        snapshot "$pid" > "$OUT/$name.stalled.log" 2>&1
+        kill_tree "$pid"
+        wait "$pid" 2>/dev/null
+        rc=124
+    else
+        wait "$pid"
+        rc=$?
+    fi
+    if [ -f "$OUT/$name.cubecl.log" ]; then
+        echo "cubecl: $(wc -l < "$OUT/$name.cubecl.log") lines logged in $name.cubecl.log (the last 2000 kept)" >> "$log"
+        tail -n 2000 "$OUT/$name.cubecl.log" > "$OUT/$name.cubecl.tail" && mv "$OUT/$name.cubecl.tail" "$OUT/$name.cubecl.log"
+    fi
     tail -n 25 "$log" | sed 's/^/   /'
     local result=ok
     if [ $rc = 124 ]; then result="FAILED (over ${limit}s)"; elif [ $rc != 0 ]; then result="FAILED (exit $rc)"; fi
@@ -91,6 +160,7 @@ step() {
 
 # note NAME TEXT: a step that did not run, and why.
 note() {
+    wanted "$1" || return 0
     echo "== $1: $2"
     echo "| $1 | $2 | 0 | |" >> "$OUT/summary.md"
 }
@@ -113,32 +183,36 @@ step bench-kiln 300 "$KILN" bench --backends "$BENCH_BACKENDS" "${BENCH[@]}" "${
 # train: the quickstart; the training loss of the last epoch must be below the first's.
 step train 180 "$KILN" train --config "$HERE/configs/quickstart.toml" --backend "$GPU" \
     --set "logging.runs_dir=\"$OUT/work/runs\""
-METRICS="$(ls -td "$OUT"/work/runs/quickstart-*/ 2>/dev/null | head -n 1)metrics.csv"
-if [ -f "$METRICS" ] && awk -F, 'NR == 2 { first = $4 } NR > 1 { last = $4 } END { exit !(NR > 2 && last < first) }' "$METRICS"; then
-    echo "| train loss falls | ok: $(awk -F, 'NR > 1 { printf "%s%.4f", (NR > 2 ? " -> " : ""), $4 }' "$METRICS") | 0 | train.log |" >> "$OUT/summary.md"
-else
-    echo "| train loss falls | FAILED (see $METRICS) | 0 | train.log |" >> "$OUT/summary.md"
-    FAILED=1
+if wanted train; then
+    METRICS="$(ls -td "$OUT"/work/runs/quickstart-*/ 2>/dev/null | head -n 1)metrics.csv"
+    if [ -f "$METRICS" ] && awk -F, 'NR == 2 { first = $4 } NR > 1 { last = $4 } END { exit !(NR > 2 && last < first) }' "$METRICS"; then
+        echo "| train loss falls | ok: $(awk -F, 'NR > 1 { printf "%s%.4f", (NR > 2 ? " -> " : ""), $4 }' "$METRICS") | 0 | train.log |" >> "$OUT/summary.md"
+    else
+        echo "| train loss falls | FAILED (see $METRICS) | 0 | train.log |" >> "$OUT/summary.md"
+        FAILED=1
+    fi
 fi
 
 # soak: device memory per epoch (kiln's pool, and the driver's view through nvidia-smi).
-if command -v nvidia-smi >/dev/null && [ "$DRY" = 0 ]; then
-    nvidia-smi --query-gpu=timestamp,index,memory.used --format=csv,noheader -lms 500 > "$OUT/soak-nvidia-smi.csv" 2>/dev/null &
-    SMI=$!
+if wanted soak; then
+    if command -v nvidia-smi >/dev/null && [ "$DRY" = 0 ]; then
+        nvidia-smi --query-gpu=timestamp,index,memory.used --format=csv,noheader -lms 500 > "$OUT/soak-nvidia-smi.csv" 2>/dev/null &
+        SMI=$!
+    fi
+    step soak 240 "$KILN" train --config "$HERE/configs/soak.toml" --backend "$GPU" "${SOAK[@]}" \
+        --set "logging.runs_dir=\"$OUT/work/runs\""
+    [ -n "${SMI:-}" ] && kill "$SMI" 2>/dev/null
+    SOAK_METRICS="$(ls -td "$OUT"/work/runs/soak-*/ 2>/dev/null | head -n 1)metrics.csv"
+    # The first epoch includes kernel compilation and autotuning; from the second on, the peak must
+    # not grow by more than 10%.
+    if [ -f "$SOAK_METRICS" ] && awk -F, 'NR == 3 { second = $12 } NR > 1 { last = $12 } END { exit !(NR > 3 && second > 0 && last <= second * 1.10) }' "$SOAK_METRICS"; then
+        RESULT=ok
+    else
+        RESULT=FAILED
+        FAILED=1
+    fi
+    echo "| soak memory flat | $RESULT: peak MiB by epoch $(awk -F, 'NR > 1 { printf "%s%.0f", (NR > 2 ? ", " : ""), $12 / 1048576 }' "$SOAK_METRICS" 2>/dev/null) | 0 | soak.log |" >> "$OUT/summary.md"
 fi
-step soak 240 "$KILN" train --config "$HERE/configs/soak.toml" --backend "$GPU" "${SOAK[@]}" \
-    --set "logging.runs_dir=\"$OUT/work/runs\""
-[ -n "${SMI:-}" ] && kill "$SMI" 2>/dev/null
-SOAK_METRICS="$(ls -td "$OUT"/work/runs/soak-*/ 2>/dev/null | head -n 1)metrics.csv"
-# The first epoch includes kernel compilation and autotuning; from the second on, the peak must
-# not grow by more than 10%.
-if [ -f "$SOAK_METRICS" ] && awk -F, 'NR == 3 { second = $12 } NR > 1 { last = $12 } END { exit !(NR > 3 && second > 0 && last <= second * 1.10) }' "$SOAK_METRICS"; then
-    RESULT=ok
-else
-    RESULT=FAILED
-    FAILED=1
-fi
-echo "| soak memory flat | $RESULT: peak MiB by epoch $(awk -F, 'NR > 1 { printf "%s%.0f", (NR > 2 ? ", " : ""), $12 / 1048576 }' "$SOAK_METRICS" 2>/dev/null) | 0 | soak.log |" >> "$OUT/summary.md"
 
 # devices-all: data parallel over every device (two replicas of the CPU in a dry run); the
 # console's epoch line gives images/s in total and per device.
@@ -151,7 +225,7 @@ step devices-all 300 "$KILN" train --config "$HERE/configs/quickstart.toml" --ba
 # (the estimate's constants were measured on the CPU; this is where the GPU's are measured).
 for BATCH in "${PLAN_BATCHES[@]}"; do
     step "plan-$BATCH" 180 bash -c "'$KILN' plan --config '$HERE/configs/soak.toml' --backend $GPU ${SOAK[*]} --set batch_size=$BATCH --measure --json > '$OUT/plan-$BATCH.json'"
-    "$PYTHON" - "$OUT/plan-$BATCH.json" >> "$OUT/summary.md" 2>/dev/null <<'PY' || true
+    wanted "plan-$BATCH" && "$PYTHON" - "$OUT/plan-$BATCH.json" >> "$OUT/summary.md" 2>/dev/null <<'PY' || true
 import json, sys
 r = json.load(open(sys.argv[1]))
 m = r.get("measured") or {}
@@ -166,15 +240,17 @@ done
 step max-memory 300 "$KILN" train --config "$HERE/configs/soak.toml" --backend "$GPU" "${SOAK[@]}" \
     --set epochs=2 --set batch_size=auto --set "max_memory=\"$MAX_MEMORY\"" \
     --set "name=\"max-memory\"" --set "logging.runs_dir=\"$OUT/work/runs-memory\""
-CAPPED="$(ls -td "$OUT"/work/runs-memory/max-memory-*/ 2>/dev/null | head -n 1)"
-CAP_BYTES="$("$PYTHON" -c "import sys; n, u = sys.argv[1][:-3], sys.argv[1][-3:]; print(int(float(n) * {'GiB': 2**30, 'MiB': 2**20}[u]))" "$MAX_MEMORY")"
-if [ -f "${CAPPED}metrics.csv" ] && { [ "$DRY" = 1 ] || awk -F, -v cap="$CAP_BYTES" 'NR > 1 && $12 > cap { over = 1 } END { exit over || NR < 2 }' "${CAPPED}metrics.csv"; }; then
-    RESULT=ok
-else
-    RESULT=FAILED
-    FAILED=1
+if wanted max-memory; then
+    CAPPED="$(ls -td "$OUT"/work/runs-memory/max-memory-*/ 2>/dev/null | head -n 1)"
+    CAP_BYTES="$("$PYTHON" -c "import sys; n, u = sys.argv[1][:-3], sys.argv[1][-3:]; print(int(float(n) * {'GiB': 2**30, 'MiB': 2**20}[u]))" "$MAX_MEMORY")"
+    if [ -f "${CAPPED}metrics.csv" ] && { [ "$DRY" = 1 ] || awk -F, -v cap="$CAP_BYTES" 'NR > 1 && $12 > cap { over = 1 } END { exit over || NR < 2 }' "${CAPPED}metrics.csv"; }; then
+        RESULT=ok
+    else
+        RESULT=FAILED
+        FAILED=1
+    fi
+    echo "| max-memory $MAX_MEMORY | $RESULT: $(grep -h '^batch_size' "${CAPPED}config.toml" 2>/dev/null), peak MiB by epoch $(awk -F, 'NR > 1 { printf "%s%.0f", (NR > 2 ? ", " : ""), $12 / 1048576 }' "${CAPPED}metrics.csv" 2>/dev/null) | 0 | max-memory.log |" >> "$OUT/summary.md"
 fi
-echo "| max-memory $MAX_MEMORY | $RESULT: $(grep -h '^batch_size' "${CAPPED}config.toml" 2>/dev/null), peak MiB by epoch $(awk -F, 'NR > 1 { printf "%s%.0f", (NR > 2 ? ", " : ""), $12 / 1048576 }' "${CAPPED}metrics.csv" 2>/dev/null) | 0 | max-memory.log |" >> "$OUT/summary.md"
 
 note nodes "skipped: multi-machine runs hang in burn-collective 0.21 (see README); kiln refuses --nodes"
 # bf16 and f16: the soak model in mixed precision for two epochs (f32 master weights; f16 with

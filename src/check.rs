@@ -263,6 +263,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3.0)]
     min_seconds: f64,
 
+    /// Also time a training step's forward pass, backward pass and optimizer update apart.
+    #[arg(long)]
+    passes: bool,
+
     /// PyTorch's figures (from xtask/scripts/bench_torch.py) to print beside kiln's.
     #[arg(long)]
     reference: Option<PathBuf>,
@@ -337,6 +341,7 @@ pub fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
             batches: args.batches.clone(),
             modes: modes.clone(),
             budget,
+            passes: args.passes,
             memory: MemoryMeter::for_device(&resolved),
             device: resolved.devices[0].name.clone(),
             device_class: device_class(&resolved),
@@ -390,6 +395,7 @@ struct Measure {
     batches: Vec<usize>,
     modes: Vec<Mode>,
     budget: Budget,
+    passes: bool,
     memory: MemoryMeter,
     device: String,
     device_class: String,
@@ -426,6 +432,7 @@ impl BackendTask for Measure {
                             batch,
                             mode,
                             self.budget,
+                            self.passes,
                             &target,
                             device,
                             &mut self.memory,
@@ -437,6 +444,12 @@ impl BackendTask for Measure {
                                 "{label}: {:.1} img/s, {:.1} ms a step",
                                 row.images_per_s, row.step_ms
                             );
+                            if let Some(p) = &row.passes {
+                                eprintln!(
+                                    "{label}: forward {:.1} ms, backward {:.1} ms, optimizer {:.1} ms",
+                                    p.forward_ms, p.backward_ms, p.optimizer_ms
+                                );
+                            }
                             rows.push(row);
                         }
                         Ok(Err(e)) => eprintln!("{label}: FAILED: {e}"),

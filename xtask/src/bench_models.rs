@@ -18,8 +18,12 @@ const SHARED: [&str; 6] = [
 ];
 
 pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
-    let (skip_data, args): (Vec<&String>, Vec<&String>) =
-        args.iter().partition(|a| a.as_str() == "--no-data");
+    // Switches without a value: `--no-data` is xtask's, `--passes` goes to kiln bench.
+    let (switches, args): (Vec<&String>, Vec<&String>) = args
+        .iter()
+        .partition(|a| matches!(a.as_str(), "--no-data" | "--passes"));
+    let has = |switch: &str| switches.iter().any(|a| a.as_str() == switch);
+    let (skip_data, passes) = (has("--no-data"), has("--passes"));
     let args: Vec<String> = args.into_iter().cloned().collect();
     let pairs = flag_pairs(&args)?;
     let backends = pairs
@@ -82,13 +86,16 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     if torch_json.exists() {
         bench.arg("--reference").arg(&torch_json);
     }
+    if passes {
+        bench.arg("--passes");
+    }
     let status = bench.status().context("cannot start kiln bench")?;
     if !status.success() {
         bail!("kiln bench failed ({status})");
     }
     println!("written to {}", out.display());
 
-    if skip_data.is_empty() {
+    if !skip_data {
         println!("\nData pipeline:");
         crate::bench_data::run(root, &[])?;
     }

@@ -5,7 +5,7 @@
 //!   with torch, torchvision and safetensors).
 //! - `compare [kiln compare options]`: builds kiln with the backends asked for and checks that
 //!   they agree (`kiln compare`); CI runs it with flex, ndarray and wgpu.
-//! - `bench [--no-data] [kiln bench options]`: training and inference throughput against
+//! - `bench [--no-data] [--passes] [kiln bench options]`: training and inference throughput against
 //!   PyTorch in the same run, then `bench data`.
 //! - `bench data`: the data pipeline's images/s per core against torchvision's.
 //! - `gpu-check --carry-dir DIR [--dry-run]`: a folder that checks kiln on an NVIDIA machine.
@@ -35,7 +35,7 @@ fn main() -> anyhow::Result<()> {
         ["bench", ..] => bench_models::run(&root, &args[1..]),
         ["gpu-check", ..] => gpu_check::run(&root, &args[1..]),
         _ => bail!(
-            "usage: cargo xtask <lint | fixtures | compare [--backends flex,ndarray,wgpu ...] | bench [--no-data] [--backends ...] | bench data [--count N] [--passes N] | gpu-check --carry-dir DIR [--dry-run]>"
+            "usage: cargo xtask <lint | fixtures | compare [--backends flex,ndarray,wgpu ...] | bench [--no-data] [--passes] [--backends ...] | bench data [--count N] [--passes N] | gpu-check --carry-dir DIR [--dry-run]>"
         ),
     }
 }

@@ -7,6 +7,8 @@ use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::GradientsParams;
+use burn::tensor::ElementConversion;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_backend::MemoryMeter;
@@ -117,6 +119,19 @@ pub struct Measurement {
     pub step_ms: f64,
     pub steps: usize,
     pub peak_memory_bytes: Option<u64>,
+    /// Where a training step's time goes (`kiln bench --passes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passes: Option<Passes>,
+}
+
+/// A training step's three parts, each timed to the host's having its result: the forward pass
+/// with the loss, the backward pass with the gradients gathered per parameter, the optimizer's
+/// update. Medians over the timed steps, in milliseconds.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Passes {
+    pub forward_ms: f64,
+    pub backward_ms: f64,
+    pub optimizer_ms: f64,
 }
 
 /// What a measurement ran on, for its row.
@@ -126,12 +141,15 @@ pub struct Target<'a> {
     pub device_class: &'a str,
 }
 
-/// Measures one workload at one batch size on `device`.
+/// Measures one workload at one batch size on `device`; with `passes`, a training measurement is
+/// followed by one of its parts.
+#[allow(clippy::too_many_arguments)]
 pub fn measure<B: AutodiffBackend>(
     workload: &Workload,
     batch_size: usize,
     mode: Mode,
     budget: Budget,
+    passes: bool,
     target: &Target,
     device: &B::Device,
     memory: &mut MemoryMeter,
@@ -140,6 +158,8 @@ pub fn measure<B: AutodiffBackend>(
     B::seed(device, 0);
     let model: ResNet<B> = workload.model.init(device)?;
     let batch = random_batch::<B>(workload, batch_size, device);
+    let passes =
+        (passes && mode == Mode::Train).then(|| time_passes(model.clone(), &batch, budget, device));
     let step_ms = match mode {
         Mode::Train => time_training(model, batch, budget, device, memory),
         Mode::Infer => time_inference(model.valid(), batch.images.inner(), budget, memory),
@@ -159,6 +179,7 @@ pub fn measure<B: AutodiffBackend>(
         step_ms: median,
         steps: step_ms.len(),
         peak_memory_bytes: memory.peak_bytes(),
+        passes,
     })
 }
 
@@ -171,9 +192,7 @@ fn time_training<B: AutodiffBackend>(
     device: &B::Device,
     memory: &mut MemoryMeter,
 ) -> Vec<f64> {
-    let mut config = OptimizerConfig::sgd(0.01);
-    config.momentum = 0.9;
-    let mut optimizer = AnyOptimizer::<ResNet<B>, B>::new(&config);
+    let mut optimizer = sgd_with_momentum::<B>();
     let loss_fn = CrossEntropyLossConfig::new().init(device);
     timed_steps(budget, memory, || {
         let step_batch = DeviceBatch {
@@ -184,6 +203,54 @@ fn time_training<B: AutodiffBackend>(
         let (next, _, _) = train_step(model.clone(), &mut optimizer, &loss_fn, step_batch, 0.01);
         model = next;
     })
+}
+
+fn sgd_with_momentum<B: AutodiffBackend>() -> AnyOptimizer<ResNet<B>, B> {
+    let mut config = OptimizerConfig::sgd(0.01);
+    config.momentum = 0.9;
+    AnyOptimizer::new(&config)
+}
+
+/// The training step of [`time_training`] cut into its passes, each waited for.
+fn time_passes<B: AutodiffBackend>(
+    mut model: ResNet<B>,
+    batch: &DeviceBatch<B>,
+    budget: Budget,
+    device: &B::Device,
+) -> Passes {
+    let mut optimizer = sgd_with_momentum::<B>();
+    let loss_fn = CrossEntropyLossConfig::new().init(device);
+    let (mut forward, mut backward, mut update) = (Vec::new(), Vec::new(), Vec::new());
+    for step in 0..budget.warmup + budget.min_steps {
+        let clock = Instant::now();
+        let logits = model.forward(batch.images.clone());
+        let loss = loss_fn.forward(logits, batch.labels.clone());
+        let _: f64 = loss.clone().into_scalar().elem();
+        let forward_ms = milliseconds(clock);
+
+        let clock = Instant::now();
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let _ = B::sync(device);
+        let backward_ms = milliseconds(clock);
+
+        let clock = Instant::now();
+        model = optimizer.step(0.01, model, grads);
+        let _ = B::sync(device);
+        if step >= budget.warmup {
+            forward.push(forward_ms);
+            backward.push(backward_ms);
+            update.push(milliseconds(clock));
+        }
+    }
+    Passes {
+        forward_ms: median(&forward),
+        backward_ms: median(&backward),
+        optimizer_ms: median(&update),
+    }
+}
+
+fn milliseconds(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1000.0
 }
 
 /// Eval-mode forward passes; a step ends when the predicted classes have reached the host.
@@ -284,6 +351,18 @@ pub fn markdown(kiln: &[Measurement], pytorch: &[Measurement]) -> String {
             }
         }
         out += "\n";
+    }
+    if kiln.iter().any(|row| row.passes.is_some()) {
+        out += "\n| backend | model | batch | forward ms | backward ms | optimizer ms |\n";
+        out += "|---|---|---:|---:|---:|---:|\n";
+        for row in kiln {
+            if let Some(p) = &row.passes {
+                out += &format!(
+                    "| {} | {} | {} | {:.1} | {:.1} | {:.1} |\n",
+                    row.variant, row.model, row.batch, p.forward_ms, p.backward_ms, p.optimizer_ms
+                );
+            }
+        }
     }
     out
 }

@@ -26,6 +26,7 @@ fn a_training_row_on_flex_has_throughput_time_and_memory() {
             4,
             mode,
             budget,
+            true,
             &target,
             &Default::default(),
             &mut memory,
@@ -43,6 +44,21 @@ fn a_training_row_on_flex_has_throughput_time_and_memory() {
         );
         if cfg!(target_os = "linux") {
             assert!(row.peak_memory_bytes.unwrap() > 1 << 20);
+        }
+        // The parts of a training step: each took time, and together about one step.
+        match (mode, row.passes) {
+            (Mode::Train, Some(p)) => {
+                let parts = [p.forward_ms, p.backward_ms, p.optimizer_ms];
+                assert!(parts.iter().all(|&ms| ms > 0.0), "{parts:?}");
+                let sum: f64 = parts.iter().sum();
+                assert!(
+                    sum > row.step_ms / 3.0 && sum < row.step_ms * 3.0,
+                    "{sum} against {}",
+                    row.step_ms
+                );
+            }
+            (Mode::Infer, None) => {}
+            (mode, passes) => panic!("{mode:?} measured passes {passes:?}"),
         }
     }
 }
@@ -75,6 +91,7 @@ fn row(framework: &str, variant: &str, batch: usize, images_per_s: f64) -> Measu
         step_ms: 1000.0 * batch as f64 / images_per_s,
         steps: 3,
         peak_memory_bytes: Some(3 << 29),
+        passes: None,
     }
 }
 

@@ -58,23 +58,31 @@ impl Precision {
 }
 
 /// A convolution in its input's float type: f32 weights are cast to a 16-bit input's type, so
-/// that the product runs in it; f32 inputs take burn's own path. kiln's convolutions all have
-/// explicit symmetric padding.
+/// that the product runs in it. Bias-free convolutions (all of a ResNet's) go through
+/// kiln-kernels, which computes them faster on the CPU backend; kiln's convolutions all have
+/// explicit symmetric padding, anything else takes burn's `Conv2d`.
 pub(crate) fn convolve<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
     let dtype = x.dtype();
-    let PaddingConfig2d::Explicit(top, left, _, _) = conv.padding else {
+    let PaddingConfig2d::Explicit(top, left, bottom, right) = conv.padding else {
         return conv.forward(x);
     };
-    if dtype == DType::F32 {
+    if (top, left) != (bottom, right) {
         return conv.forward(x);
     }
     let options = ConvOptions::new(conv.stride, [top, left], conv.dilation, conv.groups);
-    let weight = conv.weight.val().cast(FloatDType::from(dtype));
-    let bias = conv
-        .bias
-        .as_ref()
-        .map(|b| b.val().cast(FloatDType::from(dtype)));
-    conv2d(x, weight, bias, options)
+    let weight = match dtype {
+        DType::F32 => conv.weight.val(),
+        _ => conv.weight.val().cast(FloatDType::from(dtype)),
+    };
+    match &conv.bias {
+        None => kiln_kernels::conv2d(x, weight, options),
+        Some(bias) => conv2d(
+            x,
+            weight,
+            Some(bias.val().cast(FloatDType::from(dtype))),
+            options,
+        ),
+    }
 }
 
 /// Runs `f` on `x` in f32 and returns its result in `x`'s float type (batch norm's statistics
@@ -164,11 +172,13 @@ mod tests {
         let model = ResNet::<B>::from_inner(model.valid());
         let (logits, gradient, dtype) = logits_and_gradient(&model, Precision::F32);
         assert_eq!(dtype, DType::F32);
-        // Measured on flex: logits within 0.2% (bf16) and 0.06% (f16) of f32's; the first
-        // convolution's gradient, eighteen layers and seventeen batch norms down, within 23% and
-        // 14% (cosine 0.976 and 0.991): each layer's rounding of the gradient adds up.
+        // The weights are random (burn's generator is shared with the tests running alongside,
+        // so they differ from run to run). Measured on flex over 24 runs: logits within 0.3% to
+        // 0.8% (bf16) and 0.045% to 0.24% (f16) of f32's; the first convolution's gradient,
+        // eighteen layers and seventeen batch norms down, at cosine 0.96 to 0.998: each layer's
+        // rounding of the gradient adds up. The bounds are twice the worst seen.
         for (precision, tolerance, cosine_floor) in
-            [(Precision::Bf16, 1e-2, 0.9), (Precision::F16, 2e-3, 0.95)]
+            [(Precision::Bf16, 2e-2, 0.9), (Precision::F16, 5e-3, 0.95)]
         {
             let (low_logits, low_gradient, low_dtype) = logits_and_gradient(&model, precision);
             // The master weights' gradients arrive in f32 through the casts.

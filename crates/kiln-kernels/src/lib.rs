@@ -1,0 +1,39 @@
+//! Kernels that make kiln's training step faster on the CPU than burn 0.21 alone.
+//!
+//! burn-flex's convolution forward runs at matrix-product speed, but burn 0.21 computes a
+//! convolution's weight gradient as another convolution whose kernel is the whole output
+//! gradient, which flex runs at a fifth to a tenth of that speed; on ResNet-18 that was half the
+//! training step. Here the weight gradient is one matrix product over an im2col matrix, installed
+//! as a custom autodiff operation on `Autodiff<Flex>` (burn's backend-extension mechanism), not a
+//! fork of burn.
+//!
+//! Models stay generic over `Backend`: [`conv2d`] takes any backend and uses the fast path only
+//! where the backend is `Autodiff<Flex>` and the call is one it covers (f32, no groups).
+
+#[cfg(feature = "flex")]
+mod flex;
+#[cfg(feature = "flex")]
+mod gemm_conv;
+
+use burn::tensor::{Tensor, backend::Backend, module, ops::ConvOptions};
+
+/// `torch.nn.functional.conv2d(x, weight)` without bias: burn's, or kiln's on the CPU backend.
+pub fn conv2d<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 4>,
+    options: ConvOptions<2>,
+) -> Tensor<B, 4> {
+    #[cfg(feature = "flex")]
+    if enabled()
+        && let Some(y) = flex::conv2d(&x, &weight, &options)
+    {
+        return y;
+    }
+    module::conv2d(x, weight, None, options)
+}
+
+/// `KILN_KERNELS=burn` turns kiln's kernels off, for measuring against burn's or ruling them out.
+pub fn enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("KILN_KERNELS").map_or(true, |v| v != "burn"))
+}

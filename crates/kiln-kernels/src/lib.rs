@@ -1,14 +1,14 @@
 //! Kernels that make kiln's training step faster on the CPU than burn 0.21 alone.
 //!
-//! burn-flex's convolution forward runs at matrix-product speed, but burn 0.21 computes a
-//! convolution's weight gradient as another convolution whose kernel is the whole output
-//! gradient, which flex runs at a fifth to a tenth of that speed; on ResNet-18 that was half the
-//! training step. Here the weight gradient is one matrix product over an im2col matrix, installed
-//! as a custom autodiff operation on `Autodiff<Flex>` (burn's backend-extension mechanism), not a
-//! fork of burn.
+//! burn 0.21 computes a convolution's weight gradient as another convolution whose kernel is the
+//! whole output gradient, which flex runs at a fifth to a tenth of its matrix-product speed; on
+//! ResNet-18 that was half the training step. Here the convolution and both its gradients are
+//! matrix products over im2col matrices (`gemm_conv`), installed as a custom autodiff operation
+//! on `Autodiff<Flex>` (burn's backend-extension mechanism), not a fork of burn.
 //!
-//! Models stay generic over `Backend`: [`conv2d`] takes any backend and uses the fast path only
-//! where the backend is `Autodiff<Flex>` and the call is one it covers (f32, no groups).
+//! Models stay generic over `Backend`: [`conv2d`] takes any backend and uses kiln's kernels only
+//! where the backend is flex (with or without autodiff) and the call is one they cover (f32, no
+//! groups). `docs/performance.md` has the measurements.
 
 #[cfg(feature = "flex")]
 mod flex;

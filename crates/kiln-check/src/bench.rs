@@ -279,7 +279,7 @@ fn timed_steps(budget: Budget, memory: &mut MemoryMeter, mut step: impl FnMut())
     {
         let clock = Instant::now();
         step();
-        times.push(clock.elapsed().as_secs_f64() * 1000.0);
+        times.push(milliseconds(clock));
         memory.sample();
     }
     times

@@ -145,6 +145,32 @@ mod tests {
         )
     }
 
+    /// Replaces every weight that is not a constant (batch norm's ones and zeros, running
+    /// statistics) with a fixed zero-mean wave of He initialization's spread (fan in).
+    struct FixedWeights;
+
+    impl burn::module::ModuleMapper<B> for FixedWeights {
+        fn map_float<const D: usize>(
+            &mut self,
+            param: burn::module::Param<Tensor<B, D>>,
+        ) -> burn::module::Param<Tensor<B, D>> {
+            let (id, tensor, _) = param.consume();
+            let shape = tensor.shape();
+            let values: Vec<f32> = tensor.clone().into_data().to_vec().unwrap();
+            let tensor = if values.iter().all(|v| *v == values[0]) {
+                tensor
+            } else {
+                let fan_in = shape.num_elements() / shape[0];
+                let scale = (2.0 / fan_in as f32).sqrt();
+                let wave = (0..values.len())
+                    .map(|i| ((i * 577 % 1013) as f32 / 506.5 - 1.0) * 1.7 * scale)
+                    .collect::<Vec<_>>();
+                Tensor::from_data(TensorData::new(wave, shape), &tensor.device()).require_grad()
+            };
+            burn::module::Param::initialized(id, tensor)
+        }
+    }
+
     fn norm(v: &[f32]) -> f32 {
         v.iter().map(|x| x * x).sum::<f32>().sqrt()
     }
@@ -167,18 +193,19 @@ mod tests {
             .with_zero_init_residual(true)
             .init::<B>(&Default::default())
             .unwrap();
-        // burn initializes parameters lazily, on first use: a round trip through the inner
-        // backend fixes them, so that every clone below has the same weights.
-        let model = ResNet::<B>::from_inner(model.valid());
+        // Fixed weights rather than random ones: burn's generator is shared with the tests
+        // running alongside, and the 16-bit errors vary with the weights (f16's logits from
+        // 0.05% to 0.24% over 24 random initializations). The round trip through the inner
+        // backend also fixes burn's lazily initialized parameters, so every clone below agrees.
+        let model =
+            burn::module::Module::map(ResNet::<B>::from_inner(model.valid()), &mut FixedWeights);
         let (logits, gradient, dtype) = logits_and_gradient(&model, Precision::F32);
         assert_eq!(dtype, DType::F32);
-        // The weights are random (burn's generator is shared with the tests running alongside,
-        // so they differ from run to run). Measured on flex over 24 runs: logits within 0.3% to
-        // 0.8% (bf16) and 0.045% to 0.24% (f16) of f32's; the first convolution's gradient,
-        // eighteen layers and seventeen batch norms down, at cosine 0.96 to 0.998: each layer's
-        // rounding of the gradient adds up. The bounds are twice the worst seen.
+        // Measured on flex with these fixed weights: logits within 0.75% (bf16) and 0.14% (f16)
+        // of f32's; the first convolution's gradient, eighteen layers and seventeen batch norms
+        // down, at cosine 0.926 and 0.986: each layer's rounding of the gradient adds up.
         for (precision, tolerance, cosine_floor) in
-            [(Precision::Bf16, 2e-2, 0.9), (Precision::F16, 5e-3, 0.95)]
+            [(Precision::Bf16, 1e-2, 0.9), (Precision::F16, 2e-3, 0.95)]
         {
             let (low_logits, low_gradient, low_dtype) = logits_and_gradient(&model, precision);
             // The master weights' gradients arrive in f32 through the casts.

@@ -66,12 +66,6 @@ impl ClusterOptions {
                 self.nodes
             );
         };
-        // Refused rather than left to hang: see README, "Several devices and machines".
-        if std::env::var_os("KILN_EXPERIMENTAL_NODES").is_none() {
-            bail!(
-                "training on several machines (--nodes) does not work yet: burn-collective 0.21's global all-reduce hangs after its first call. Train on this machine's devices with --devices all (set KILN_EXPERIMENTAL_NODES=1 to try anyway)"
-            );
-        }
         Ok(Some(kiln::Cluster {
             nodes: self.nodes,
             rank: self.node_rank,

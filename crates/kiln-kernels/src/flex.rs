@@ -150,13 +150,17 @@ mod tests {
     use burn::tensor::{Distribution, Tolerance, module};
 
     /// Gradients of kiln's convolution against burn's own, for the shapes ResNets use:
-    /// 3x3 with padding at strides 1 and 2, 1x1 downsampling, the 7x7 stem, and a batch that
-    /// takes several groups of images.
+    /// 3x3 with padding at strides 1 and 2 on small maps (im2col) and large ones (shifted
+    /// views; blocks that split an image, a row longer than a block), 1x1 downsampling, the 7x7
+    /// stem, and a batch that takes several groups of images.
     #[test]
     fn gradients_match_burns_convolution() {
         let device = Default::default();
         let cases = [
             ([2, 3, 9, 9], [4, 3, 3, 3], [1, 1], [1, 1], 1e-4),
+            ([3, 5, 17, 23], [6, 5, 3, 3], [1, 1], [1, 1], 1e-4),
+            ([1, 2, 3, 1100], [3, 2, 3, 3], [1, 1], [1, 1], 1e-4),
+            ([2, 3, 32, 32], [8, 3, 3, 3], [1, 1], [1, 1], 1e-4),
             ([3, 4, 8, 8], [5, 4, 3, 3], [2, 2], [1, 1], 1e-4),
             ([2, 6, 8, 8], [3, 6, 1, 1], [2, 2], [0, 0], 1e-4),
             ([1, 3, 15, 15], [4, 3, 7, 7], [2, 2], [3, 3], 1e-4),

@@ -3,8 +3,9 @@
 //! burn 0.21 computes a convolution's weight gradient as another convolution whose kernel is the
 //! whole output gradient, which flex runs at a fifth to a tenth of its matrix-product speed; on
 //! ResNet-18 that was half the training step. Here the convolution and both its gradients are
-//! matrix products over im2col matrices (`gemm_conv`), installed as a custom autodiff operation
-//! on `Autodiff<Flex>` (burn's backend-extension mechanism), not a fork of burn.
+//! matrix products over im2col matrices (`gemm_conv`) or, for 3x3 convolutions with stride 1 on
+//! large maps, over shifted views of the input (`shifted_conv`), installed as a custom autodiff
+//! operation on `Autodiff<Flex>` (burn's backend-extension mechanism), not a fork of burn.
 //!
 //! Models stay generic over `Backend`: [`conv2d`] takes any backend and uses kiln's kernels only
 //! where the backend is flex (with or without autodiff) and the call is one they cover (f32, no
@@ -14,6 +15,8 @@
 mod flex;
 #[cfg(feature = "flex")]
 mod gemm_conv;
+#[cfg(feature = "flex")]
+mod shifted_conv;
 
 use burn::tensor::{Tensor, backend::Backend, module, ops::ConvOptions};
 

@@ -10,11 +10,18 @@
 //! As in burn, the mode follows the backend: on an autodiff backend the layer normalizes with
 //! batch statistics and updates its running ones (PyTorch's `train()`); on a plain backend, for
 //! example after `model.valid()`, it uses the running statistics (PyTorch's `eval()`).
+//!
+//! Inside [`synchronized`] (data-parallel training with `sync_bn`) the batch statistics are
+//! those of every replica's images together, as PyTorch's `SyncBatchNorm` computes them.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::rc::Rc;
 
 use burn::module::{Module, Param, RunningState};
 
 use crate::precision::in_f32;
-use burn::tensor::{Tensor, backend::Backend};
+use burn::tensor::{ElementConversion, Tensor, backend::Backend};
 
 /// `torch.nn.BatchNorm2d(num_features, eps=1e-5, momentum=0.1)`, with torchvision's names.
 #[derive(Module, Debug)]
@@ -72,11 +79,26 @@ impl<B: Backend> BatchNorm2d<B> {
         let [n, c, h, w] = x.dims();
         let rows = x.reshape([n * c, h * w]);
 
-        let mean = per_channel_mean(rows.clone(), n, c);
-        let centered = rows - per_row(mean.clone(), n);
-        let var = per_channel_mean(centered.clone().square(), n, c);
+        let (mean, centered, var, count) = match replicas_sum::<B>() {
+            None => {
+                let mean = per_channel_mean(rows.clone(), n, c);
+                let centered = rows - per_row(mean.clone(), n);
+                let var = per_channel_mean(centered.clone().square(), n, c);
+                (mean, centered, var, n * h * w)
+            }
+            Some(sum) => {
+                // Sums, not means: replicas may hold different numbers of images.
+                let device = rows.device();
+                let local = Tensor::<B, 2>::from_floats([[(n * h * w) as f32]], &device);
+                let count: f64 = sum(local).into_scalar().elem();
+                let mean = sum(per_channel_sum(rows.clone(), n, c)) / count;
+                let centered = rows - per_row(mean.clone(), n);
+                let var = sum(per_channel_sum(centered.clone().square(), n, c)) / count;
+                (mean, centered, var, count.round() as usize)
+            }
+        };
 
-        self.update_running_stats(mean, var.clone(), n * h * w);
+        self.update_running_stats(mean, var.clone(), count);
 
         // A division, not `recip()`: burn-ndarray's reciprocal is approximate (1e-4 off).
         let scale = self.weight.val().reshape([1, c]) / (var + self.eps).sqrt();
@@ -123,6 +145,45 @@ impl<B: Backend> BatchNorm2d<B> {
 /// same number of values per image, so the mean of per-image means is exact.
 fn per_channel_mean<B: Backend>(rows: Tensor<B, 2>, n: usize, c: usize) -> Tensor<B, 2> {
     rows.mean_dim(1).reshape([n, c]).mean_dim(0)
+}
+
+/// Sum over batch and space of `[N * C, H * W]` rows, as `[1, C]`.
+fn per_channel_sum<B: Backend>(rows: Tensor<B, 2>, n: usize, c: usize) -> Tensor<B, 2> {
+    rows.sum_dim(1).reshape([n, c]).sum_dim(0)
+}
+
+/// Adds a tensor up over every replica of a data-parallel run; its gradient is likewise the sum
+/// of the replicas' gradients (what an all-reduce's backward is).
+type ReplicasSum<B> = Rc<dyn Fn(Tensor<B, 2>) -> Tensor<B, 2>>;
+
+thread_local! {
+    /// The `ReplicasSum` of the replica training on this thread, while [`synchronized`] runs.
+    static REPLICAS_SUM: RefCell<Option<Rc<dyn Any>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` (a replica's forward pass) with every batch norm layer on this thread normalizing
+/// with the statistics of all replicas' images, which `sum` adds up over the replicas
+/// (PyTorch's `SyncBatchNorm`). Every replica must run the same layers in the same order, as
+/// each sum waits for all of them. A thread-local setting rather than a model field, so that
+/// the model and its checkpoints are the same with and without it.
+pub fn synchronized<B: Backend, T>(
+    sum: impl Fn(Tensor<B, 2>) -> Tensor<B, 2> + 'static,
+    f: impl FnOnce() -> T,
+) -> T {
+    /// Puts the previous setting back, also when `f` panics.
+    struct Restore(Option<Rc<dyn Any>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            REPLICAS_SUM.set(self.0.take());
+        }
+    }
+    let sum: ReplicasSum<B> = Rc::new(sum);
+    let _restore = Restore(REPLICAS_SUM.replace(Some(Rc::new(sum))));
+    f()
+}
+
+fn replicas_sum<B: Backend>() -> Option<ReplicasSum<B>> {
+    REPLICAS_SUM.with_borrow(|sum| sum.as_ref()?.downcast_ref::<ReplicasSum<B>>().cloned())
 }
 
 /// A `[1, C]` per-channel value as a `[N * C, 1]` column that broadcasts along each row.
@@ -196,6 +257,31 @@ mod tests {
             .to_vec::<f32>()
             .unwrap();
         assert_eq!(tracked, vec![1.0]);
+    }
+
+    /// Two replicas with the same images: the statistics over both are each one's, but the
+    /// running variance's unbiasing counts the images of both.
+    #[test]
+    fn synchronized_statistics_count_every_replicas_images() {
+        let device = Default::default();
+        let x = input::<Train>(&device);
+        let alone = BatchNorm2d::<Train>::new(3, false, &device);
+        let expected = alone.forward(x.clone()).inner();
+        let synced = BatchNorm2d::<Train>::new(3, false, &device);
+        let y = synchronized(|t: Tensor<Train, 2>| t * 2.0, || synced.forward(x.clone()));
+        y.inner()
+            .into_data()
+            .assert_approx_eq::<f32>(&expected.into_data(), Tolerance::rel_abs(1e-5, 1e-5));
+        let running_var = synced.running_var.value().into_data().to_vec::<f32>();
+        let count = 2.0 * 2.0 * 4.0 * 5.0;
+        for (c, (_, biased, _)) in channel_stats(&x.inner()).into_iter().enumerate() {
+            let unbiased = biased * count / (count - 1.0);
+            assert!(
+                (running_var.as_ref().unwrap()[c] as f64 - (0.9 + 0.1 * unbiased)).abs() < 1e-5
+            );
+        }
+        // Outside `synchronized`, layers normalize alone again.
+        assert!(replicas_sum::<Train>().is_none());
     }
 
     #[test]

@@ -8,7 +8,7 @@ pub mod pretrained;
 mod resnet;
 pub mod weights;
 
-pub use batch_norm::BatchNorm2d;
+pub use batch_norm::{BatchNorm2d, synchronized};
 pub use footprint::Footprint;
 pub use precision::Precision;
 pub use resnet::{

@@ -14,6 +14,7 @@ use kiln_models::ResNet;
 use serde::{Deserialize, Serialize};
 
 use crate::optim::AnyOptimizer;
+use crate::scaler::LossScaler;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -47,6 +48,9 @@ pub struct Position {
     /// The best validation top-1 so far and the checkpoint that holds it.
     pub best_top1: Option<f64>,
     pub best_checkpoint: Option<String>,
+    /// f16 training's loss scale and its count of good steps.
+    #[serde(default)]
+    pub loss_scale: Option<LossScaler>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

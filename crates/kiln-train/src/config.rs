@@ -419,6 +419,10 @@ pub struct DeviceSection {
     pub backend: String,
     /// As `--devices`: an index, a list or `all`.
     pub devices: String,
+    /// With several devices: batch norm statistics over all devices' images together
+    /// (PyTorch's `SyncBatchNorm`) instead of each device's own (PyTorch DDP's default). For
+    /// small per-device batches; every batch norm layer then waits for all devices twice.
+    pub sync_bn: bool,
 }
 
 impl Default for DeviceSection {
@@ -426,6 +430,7 @@ impl Default for DeviceSection {
         Self {
             backend: "auto".into(),
             devices: "0".into(),
+            sync_bn: false,
         }
     }
 }

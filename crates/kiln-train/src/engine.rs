@@ -219,6 +219,7 @@ fn train_planned<B: AutodiffBackend>(
         new_optimizer,
         |device| loss_function::<B>(config, device),
         &placement,
+        config.device.sync_bn,
     )?;
     let batches = train_loader.len();
     let schedule = Schedule::new(
@@ -237,6 +238,7 @@ fn train_planned<B: AutodiffBackend>(
             |model, optimizer, device| checkpoint::load(&path, model, optimizer, device),
             new_optimizer,
         )?;
+        replicas.restore_loss_scaler(saved.loss_scale.clone());
         position = saved;
         history = run.history();
         history.retain(|s| s.epoch <= position.epoch);
@@ -275,6 +277,7 @@ fn train_planned<B: AutodiffBackend>(
                 });
             }
             position.iteration += 1;
+            position.loss_scale = replicas.loss_scaler();
             position.sums.loss += step.loss * step.images as f64;
             position.sums.correct += step.correct;
             position.sums.seen += step.images;

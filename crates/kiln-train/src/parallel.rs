@@ -8,18 +8,27 @@
 //! skipped images included). With `accumulate = k` a step is k loader batches, run one after
 //! another through the same replicas before the one all-reduce.
 //!
-//! Batch norm normalizes with each replica's own images (PyTorch DDP's default); its running
-//! statistics are those of replica 0, which is the one checkpointed and exported.
+//! Batch norm normalizes with each replica's own images (PyTorch DDP's default), or with
+//! `sync_bn` with all replicas' images together (PyTorch's `SyncBatchNorm`: per layer, sums over
+//! the replicas through an all-reduce that autodiff goes through); its running statistics are
+//! those of replica 0, which is the one checkpointed and exported.
 
 use std::net::{ToSocketAddrs, UdpSocket};
 
 use burn::collective::{
     self, AllReduceStrategy, CollectiveConfig, CollectiveError, PeerId, ReduceOperation, all_reduce,
 };
+use std::any::{Any, TypeId};
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLoss;
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Tensor, TensorData, TensorPrimitive};
 use kiln_data::HostBatch;
 use kiln_models::{Precision, ResNet};
@@ -116,6 +125,14 @@ pub enum ParallelError {
         "the data-parallel all-reduce failed: {0}. On a multi-machine run, check that every machine started with the same --nodes and --coordinator, and that the coordinator's and each node's port are open"
     )]
     Collective(String),
+    #[error(
+        "cannot start the coordinator on port {0}: {1}. Choose a free port in --coordinator on every machine"
+    )]
+    CoordinatorPort(u16, String),
+    #[error(
+        "sync_bn needs burn's Autodiff backend without gradient checkpointing, which this build does not train on; set sync_bn = false"
+    )]
+    SyncBatchNorm,
 }
 
 impl From<CollectiveError> for ParallelError {
@@ -138,6 +155,10 @@ pub struct Replicas<B: AutodiffBackend> {
     replicas: Vec<Replica<B>>,
     /// True when there is more than one replica in the whole run.
     collective: bool,
+    /// True when the run spans several machines.
+    machines: bool,
+    /// Batch norm over all replicas' images (`sync_bn`), where there are several.
+    sync_bn: bool,
 }
 
 struct Replica<B: AutodiffBackend> {
@@ -160,7 +181,12 @@ impl<B: AutodiffBackend> Replicas<B> {
         make_optimizer: impl Fn() -> AnyOptimizer<ResNet<B>, B>,
         make_loss: impl Fn(&B::Device) -> CrossEntropyLoss<B>,
         placement: &Placement<B::Device>,
+        sync_bn: bool,
     ) -> Result<Self, ParallelError> {
+        let sync_bn = sync_bn && placement.peers() > 1;
+        if sync_bn && TypeId::of::<B>() != TypeId::of::<Autodiff<B::InnerBackend>>() {
+            return Err(ParallelError::SyncBatchNorm);
+        }
         let first = placement.first_peer();
         let replicas = placement
             .devices
@@ -178,6 +204,8 @@ impl<B: AutodiffBackend> Replicas<B> {
         let mut replicas = Self {
             replicas,
             collective: placement.peers() > 1,
+            machines: placement.cluster.is_some(),
+            sync_bn,
         };
         if replicas.collective {
             replicas.join(placement)?;
@@ -190,7 +218,7 @@ impl<B: AutodiffBackend> Replicas<B> {
         if let Some(cluster) = &placement.cluster {
             let port = cluster.coordinator_port()?;
             if cluster.rank == 0 {
-                start_coordinator(port);
+                start_coordinator(port)?;
             }
             let (node_address, data_port) = cluster.node_address()?;
             let websocket = |host_port: &str| {
@@ -232,6 +260,20 @@ impl<B: AutodiffBackend> Replicas<B> {
         &self.replicas[0].optimizer
     }
 
+    /// f16 training's loss scaling (the same on every replica); `None` in other precisions.
+    pub fn loss_scaler(&self) -> Option<LossScaler> {
+        self.replicas[0].scaler.clone()
+    }
+
+    /// Restores a checkpoint's loss scaling on every replica that scales its loss.
+    pub fn restore_loss_scaler(&mut self, saved: Option<LossScaler>) {
+        for replica in &mut self.replicas {
+            if let (Some(scaler), Some(saved)) = (&mut replica.scaler, &saved) {
+                *scaler = saved.clone();
+            }
+        }
+    }
+
     /// Replaces every replica's model and optimizer state (a resumed checkpoint).
     pub fn restore<E>(
         &mut self,
@@ -262,19 +304,29 @@ impl<B: AutodiffBackend> Replicas<B> {
                 parts[i].push(part);
             }
         }
-        let collective = self.collective;
+        let (collective, sync_bn) = (self.collective, self.sync_bn);
         let work: Vec<_> = self.replicas.iter_mut().zip(parts).collect();
         let results = run_each(work, |(replica, batches)| {
-            replica.step(batches, lr, collective)
+            replica.step(batches, lr, collective, sync_bn)
         });
         let mut stats = results.into_iter().collect::<Result<Vec<_>, _>>()?;
         Ok(stats.swap_remove(0))
     }
 
     /// Leaves the collective, so that a later run in this process can join a new one.
+    ///
+    /// On several machines, waits for all of them and stays registered instead: machine 0's
+    /// process hosts the coordinator, and a machine still asking it to unregister when machine 0
+    /// exits would wait for its answer forever. The process ends right after.
     pub fn finish(mut self) -> Result<(), ParallelError> {
         if !self.collective {
             return Ok(());
+        }
+        if self.machines {
+            return self
+                .on_each(|replica| replica.sum(&[0.0]).map(drop))
+                .into_iter()
+                .collect();
         }
         self.on_each(|replica| {
             collective::finish_collective::<B::InnerBackend>(replica.peer)
@@ -326,23 +378,44 @@ impl<B: AutodiffBackend> Replica<B> {
         batches: Vec<HostBatch>,
         lr: f64,
         collective: bool,
+        sync_bn: bool,
     ) -> Result<StepStats, ParallelError> {
         let model = self
             .model
             .take()
             .expect("a replica holds its model between steps");
         let local: usize = batches.iter().map(|b| b.labels.len()).sum();
-        let total = if collective {
-            self.sum(&[local as f64])?[0] as usize
-        } else {
-            local
-        };
+        // With sync_bn, also how many replicas got no images of each batch: batch norm syncs
+        // only over batches that every replica runs, since each sum waits for all of them.
+        let mut counts = vec![local as f64];
+        if sync_bn {
+            counts.extend(
+                batches
+                    .iter()
+                    .map(|b| f64::from(u8::from(b.labels.is_empty()))),
+            );
+        }
+        if collective {
+            counts = self.sum(&counts)?;
+        }
+        let total = counts[0] as usize;
         let mut accumulator = GradientsAccumulator::new();
         let (mut loss_sum, mut correct) = (0.0, 0);
-        for batch in batches.into_iter().filter(|b| !b.labels.is_empty()) {
+        for (index, batch) in batches.into_iter().enumerate() {
+            if batch.labels.is_empty() {
+                continue;
+            }
             let batch = to_device::<B>(batch, &self.device);
             let n = batch.len();
-            let logits = model.forward(batch.images);
+            let logits = if sync_bn && counts[1 + index] == 0.0 {
+                let peer = self.peer;
+                kiln_models::synchronized(
+                    move |x: Tensor<B, 2>| sum_over_peers(x, peer),
+                    || model.forward(batch.images),
+                )
+            } else {
+                model.forward(batch.images)
+            };
             correct += crate::engine::count_correct(logits.clone().detach(), batch.labels.clone());
             let loss = self.loss_fn.forward(logits, batch.labels);
             let value: f64 = loss.clone().into_scalar().elem();
@@ -390,6 +463,56 @@ impl<B: AutodiffBackend> Replica<B> {
             .to_vec()
             .expect("an f64 vector"))
     }
+}
+
+/// `x` summed over every peer of the run, in a way autodiff goes through: each peer's input
+/// receives the sum of all peers' output gradients (an all-reduce's adjoint is an all-reduce).
+/// Without it, a replica's images would miss their effect, through shared batch statistics, on
+/// the other replicas' losses. Panics if the all-reduce fails, as the forward pass that calls it
+/// cannot return an error.
+fn sum_over_peers<B: AutodiffBackend>(x: Tensor<B, 2>, peer: PeerId) -> Tensor<B, 2> {
+    type Tracked<B> = Tensor<Autodiff<<B as AutodiffBackend>::InnerBackend>, 2>;
+    let x = same::<_, Tracked<B>>(x)
+        .expect("Replicas::new checked that B is Autodiff")
+        .into_primitive()
+        .tensor();
+    let sum = all_reduce::<B::InnerBackend>(peer, x.primitive.clone(), ReduceOperation::Sum)
+        .unwrap_or_else(|error| panic!("{}", ParallelError::from(error)));
+    let sum = match SumOverPeers
+        .prepare::<NoCheckpointing>([x.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(peer, sum),
+        OpsKind::UnTracked(prep) => prep.finish(sum),
+    };
+    same(Tracked::<B>::from_primitive(TensorPrimitive::Float(sum)))
+        .expect("Replicas::new checked that B is Autodiff")
+}
+
+#[derive(Debug)]
+struct SumOverPeers;
+
+impl<I: Backend> Backward<I, 1> for SumOverPeers {
+    type State = PeerId;
+
+    fn backward(self, ops: Ops<PeerId, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [parent] = ops.parents;
+        let grad = grads.consume::<I>(&ops.node);
+        if let Some(parent) = parent {
+            let sum = all_reduce::<I>(ops.state, grad, ReduceOperation::Sum)
+                .unwrap_or_else(|error| panic!("{}", ParallelError::from(error)));
+            grads.register::<I>(parent.id, sum);
+        }
+    }
+}
+
+/// `value` as a `U` when `T` and `U` are the same type.
+fn same<T: 'static, U: 'static>(value: T) -> Option<U> {
+    let mut slot = Some(value);
+    (&mut slot as &mut dyn Any)
+        .downcast_mut::<Option<U>>()
+        .and_then(Option::take)
 }
 
 /// Sums every trainable parameter's gradient over all peers, in the order the model lists its
@@ -467,8 +590,11 @@ pub fn split(batch: HostBatch, parts: usize) -> Vec<HostBatch> {
 }
 
 /// Starts burn-collective's global orchestrator on `port`, in the background for the life of
-/// the process.
-fn start_coordinator(port: u16) {
+/// the process. A port already taken is an error here, rather than the orchestrator's log line
+/// while every machine waits for it.
+fn start_coordinator(port: u16) -> Result<(), ParallelError> {
+    std::net::TcpListener::bind(("0.0.0.0", port))
+        .map_err(|error| ParallelError::CoordinatorPort(port, error.to_string()))?;
     std::thread::spawn(move || {
         match tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -478,6 +604,7 @@ fn start_coordinator(port: u16) {
             Err(error) => eprintln!("error: cannot start the coordinator on port {port}: {error}"),
         }
     });
+    Ok(())
 }
 
 #[cfg(test)]

@@ -284,6 +284,7 @@ pub fn measure<B: AutodiffBackend>(
         || AnyOptimizer::new(&config.optimizer),
         |device| loss_function::<B>(config, device),
         &Placement::single(device.clone()),
+        false,
     )?;
     let clock = Instant::now();
     for step in 0..steps {

@@ -9,12 +9,14 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};
 use kiln_models::ResNet;
+use serde::{Deserialize, Serialize};
 
 /// PyTorch's defaults: `init_scale = 2**16`, `growth_interval = 2000`, factors 2 and 0.5.
 const INITIAL_SCALE: f64 = 65_536.0;
 const GROWTH_INTERVAL: usize = 2000;
 
-#[derive(Debug, Clone, PartialEq)]
+/// Checkpointed with the run's position, so that a resumed run scales as the uninterrupted one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LossScaler {
     pub scale: f64,
     good_steps: usize,

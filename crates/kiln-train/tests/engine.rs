@@ -117,6 +117,37 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
     }
 }
 
+/// f16's loss scale starts at 2^16 and halves on every step whose gradients overflow: the
+/// checkpoint keeps it, or a resumed run would start over from 2^16 and skip other steps.
+#[test]
+fn a_resumed_f16_run_keeps_its_loss_scale() {
+    let _turn = take_turn();
+    let runs = tempfile::tempdir().unwrap();
+    let config = config(runs.path(), &["precision = 'f16'", "epochs = 2"]);
+    let never = AtomicBool::new(false);
+    let whole = RunDir::create(runs.path(), &config).unwrap();
+    train_on_cpu(&config, &whole, false, 1, &mut Silent, &never).unwrap();
+    let expected = numbers(&whole.history());
+
+    let interrupted = RunDir::create(runs.path(), &config).unwrap();
+    let stop = AtomicBool::new(false);
+    let mut observer = StopAfter {
+        after: 4,
+        stop: &stop,
+    };
+    let outcome = train_on_cpu(&config, &interrupted, false, 1, &mut observer, &stop).unwrap();
+    let Outcome::Stopped { checkpoint } = outcome else {
+        panic!("the run did not stop");
+    };
+    let (_, position) = checkpoint::latest(checkpoint.parent().unwrap()).unwrap();
+    let scale = position
+        .loss_scale
+        .expect("an f16 run checkpoints its loss scale");
+    assert!(scale.scale < 65_536.0, "no step overflowed: {scale:?}");
+    train_on_cpu(&config, &interrupted, true, 1, &mut Silent, &never).unwrap();
+    assert_eq!(numbers(&interrupted.history()), expected);
+}
+
 #[test]
 fn a_half_written_checkpoint_is_never_the_one_loaded() {
     let _turn = take_turn();

@@ -6,7 +6,7 @@
 //! padding, so the convolution is nine accumulating matrix products over shifted views of one
 //! buffer (the gemm crate, which takes any strides). Outputs at the zero positions are computed
 //! and dropped: 6% more work at 32x32, 13% at 16x16. The im2col matrix this replaces is nine
-//! times the input and made ResNet-18's 64-channel stage run at half the speed of the others.
+//! times the input and held ResNet-18's 64-channel stage to 60% of the others' speed.
 //!
 //! The input gradient is the same convolution of the output gradient with the kernel flipped and
 //! transposed (read through strides, not copied); the weight gradient is nine products of the

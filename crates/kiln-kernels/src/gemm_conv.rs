@@ -116,13 +116,27 @@ pub(crate) fn forward(x: &[f32], weight: &[f32], g: &Geometry) -> Vec<f32> {
     y
 }
 
+/// The gradients with respect to the input (NCHW) and to the weight, each where `wanted`
+/// (`[input, weight]`), from the output's gradient `dy`.
+pub(crate) fn gradients(
+    x: &[f32],
+    weight: &[f32],
+    dy: &[f32],
+    g: &Geometry,
+    wanted: [bool; 2],
+) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
+    if let Some(layout) = g.shifted() {
+        return shifted_conv::gradients(x, weight, dy, &layout, g.c_in, wanted);
+    }
+    let dx = wanted[0].then(|| input_gradient(weight, dy, g));
+    let dw = wanted[1].then(|| weight_gradient(x, dy, g));
+    (dx, dw)
+}
+
 /// The gradient with respect to the weight, `[c_out, c_in, kh, kw]`, from the input `x` and the
 /// output's gradient `dy`: `cols · dyᵀ` (three times faster than `dy · colsᵀ` here), summed
 /// over groups of images and transposed.
-pub(crate) fn weight_gradient(x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
-    if let Some(layout) = g.shifted() {
-        return shifted_conv::weight_gradient(x, dy, &layout, g.c_in, g.c_out);
-    }
+fn weight_gradient(x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
     let mut dw_t: Option<Tensor<Flex, 2>> = None;
     for images in g.chunks(CHUNK_BYTES) {
         let len = images.len() * g.out_plane();
@@ -140,10 +154,7 @@ pub(crate) fn weight_gradient(x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
 
 /// The gradient with respect to the input, NCHW: `wᵀ · dy` gives each kernel position's
 /// contribution (an im2col matrix), which col2im adds up per input position.
-pub(crate) fn input_gradient(weight: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
-    if let Some(layout) = g.shifted() {
-        return shifted_conv::input_gradient(weight, dy, &layout, g.c_in);
-    }
+fn input_gradient(weight: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
     let mut dx = vec![0.0f32; g.images * g.c_in * g.height * g.width];
     let weight_t = matrix(transpose(weight, g.c_out, g.rows()), [g.rows(), g.c_out]);
     for images in g.chunks(WRITE_CHUNK_BYTES) {

@@ -208,27 +208,42 @@ pub(crate) fn forward(x: &[f32], weight: &[f32], layout: &Layout, c_in: usize) -
     layout.unpack(&out, c_out)
 }
 
-/// The input's gradient from the output's (`dy`, `[images, c_out, height, width]`).
-pub(crate) fn input_gradient(weight: &[f32], dy: &[f32], layout: &Layout, c_in: usize) -> Vec<f32> {
+/// The input's gradient and the weight's, each where `wanted`, from the output's (`dy`,
+/// `[images, c_out, height, width]`), which is laid out once for both.
+pub(crate) fn gradients(
+    x: &[f32],
+    weight: &[f32],
+    dy: &[f32],
+    layout: &Layout,
+    c_in: usize,
+    wanted: [bool; 2],
+) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
     let c_out = weight.len() / (c_in * 9);
     let grad = layout.pack(dy, c_out);
+    let dx = wanted[0].then(|| input_gradient(weight, &grad, layout, c_in));
+    let dw = wanted[1].then(|| weight_gradient(x, &grad, layout, c_in, c_out));
+    (dx, dw)
+}
+
+/// The input's gradient from the laid-out output gradient.
+fn input_gradient(weight: &[f32], grad: &[f32], layout: &Layout, c_in: usize) -> Vec<f32> {
+    let c_out = weight.len() / (c_in * 9);
     let kernel = Kernel::transposed(weight, c_out, c_in);
-    let out = layout.convolve(&grad, c_out, &kernel, c_in);
+    let out = layout.convolve(grad, c_out, &kernel, c_in);
     layout.unpack(&out, c_in)
 }
 
 /// The weight's gradient, `[c_out, c_in, 3, 3]`: for each kernel position, the laid-out output
-/// gradient times the input shifted to that position (the zeros between rows make the
+/// gradient (`grad`) times the input shifted to that position (the zeros between rows make the
 /// products at dropped positions add nothing), summed over blocks of positions in parallel.
-pub(crate) fn weight_gradient(
+fn weight_gradient(
     x: &[f32],
-    dy: &[f32],
+    grad: &[f32],
     layout: &Layout,
     c_in: usize,
     c_out: usize,
 ) -> Vec<f32> {
     let input = layout.pack(x, c_in);
-    let grad = layout.pack(dy, c_out);
     let size = c_out * c_in * 9;
     (0..layout.blocks())
         .into_par_iter()

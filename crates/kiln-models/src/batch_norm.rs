@@ -21,7 +21,7 @@ use std::rc::Rc;
 use burn::module::{Module, Param, RunningState};
 
 use crate::precision::in_f32;
-use burn::tensor::{ElementConversion, Tensor, backend::Backend};
+use burn::tensor::{Tensor, backend::Backend};
 
 /// `torch.nn.BatchNorm2d(num_features, eps=1e-5, momentum=0.1)`, with torchvision's names.
 #[derive(Module, Debug)]
@@ -79,22 +79,20 @@ impl<B: Backend> BatchNorm2d<B> {
         let [n, c, h, w] = x.dims();
         let rows = x.reshape([n * c, h * w]);
 
-        let (mean, centered, var, count) = match replicas_sum::<B>() {
+        let (mean, centered, var, count) = match synced::<B>() {
             None => {
                 let mean = per_channel_mean(rows.clone(), n, c);
                 let centered = rows - per_row(mean.clone(), n);
                 let var = per_channel_mean(centered.clone().square(), n, c);
                 (mean, centered, var, n * h * w)
             }
-            Some(sum) => {
+            Some(Synced { sum, images }) => {
                 // Sums, not means: replicas may hold different numbers of images.
-                let device = rows.device();
-                let local = Tensor::<B, 2>::from_floats([[(n * h * w) as f32]], &device);
-                let count: f64 = sum(local).into_scalar().elem();
-                let mean = sum(per_channel_sum(rows.clone(), n, c)) / count;
+                let count = images * h * w;
+                let mean = sum(per_channel_sum(rows.clone(), n, c)) / count as f64;
                 let centered = rows - per_row(mean.clone(), n);
-                let var = sum(per_channel_sum(centered.clone().square(), n, c)) / count;
-                (mean, centered, var, count.round() as usize)
+                let var = sum(per_channel_sum(centered.clone().square(), n, c)) / count as f64;
+                (mean, centered, var, count)
             }
         };
 
@@ -152,38 +150,57 @@ fn per_channel_sum<B: Backend>(rows: Tensor<B, 2>, n: usize, c: usize) -> Tensor
     rows.sum_dim(1).reshape([n, c]).sum_dim(0)
 }
 
-/// Adds a tensor up over every replica of a data-parallel run; its gradient is likewise the sum
-/// of the replicas' gradients (what an all-reduce's backward is).
-type ReplicasSum<B> = Rc<dyn Fn(Tensor<B, 2>) -> Tensor<B, 2>>;
-
-thread_local! {
-    /// The `ReplicasSum` of the replica training on this thread, while [`synchronized`] runs.
-    static REPLICAS_SUM: RefCell<Option<Rc<dyn Any>>> = const { RefCell::new(None) };
+/// What a replica's batch norm layers know of the others while [`synchronized`] runs.
+struct Synced<B: Backend> {
+    /// Adds a tensor up over every replica of a data-parallel run; its gradient is likewise the
+    /// sum of the replicas' gradients (what an all-reduce's backward is).
+    sum: Rc<dyn Fn(Tensor<B, 2>) -> Tensor<B, 2>>,
+    /// The images of this forward pass on all replicas together.
+    images: usize,
 }
 
-/// Runs `f` (a replica's forward pass) with every batch norm layer on this thread normalizing
-/// with the statistics of all replicas' images, which `sum` adds up over the replicas
-/// (PyTorch's `SyncBatchNorm`). Every replica must run the same layers in the same order, as
-/// each sum waits for all of them. A thread-local setting rather than a model field, so that
-/// the model and its checkpoints are the same with and without it.
+impl<B: Backend> Clone for Synced<B> {
+    fn clone(&self) -> Self {
+        Self {
+            sum: self.sum.clone(),
+            images: self.images,
+        }
+    }
+}
+
+thread_local! {
+    /// The `Synced` of the replica training on this thread, while [`synchronized`] runs.
+    static SYNCED: RefCell<Option<Rc<dyn Any>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` (a replica's forward pass over its part of a batch of `images` on all replicas)
+/// with every batch norm layer on this thread normalizing with the statistics of all replicas'
+/// images, which `sum` adds up over the replicas (PyTorch's `SyncBatchNorm`). Every replica
+/// must run the same layers in the same order, as each sum waits for all of them. A
+/// thread-local setting rather than a model field, so that the model and its checkpoints are
+/// the same with and without it.
 pub fn synchronized<B: Backend, T>(
     sum: impl Fn(Tensor<B, 2>) -> Tensor<B, 2> + 'static,
+    images: usize,
     f: impl FnOnce() -> T,
 ) -> T {
     /// Puts the previous setting back, also when `f` panics.
     struct Restore(Option<Rc<dyn Any>>);
     impl Drop for Restore {
         fn drop(&mut self) {
-            REPLICAS_SUM.set(self.0.take());
+            SYNCED.set(self.0.take());
         }
     }
-    let sum: ReplicasSum<B> = Rc::new(sum);
-    let _restore = Restore(REPLICAS_SUM.replace(Some(Rc::new(sum))));
+    let synced = Synced::<B> {
+        sum: Rc::new(sum),
+        images,
+    };
+    let _restore = Restore(SYNCED.replace(Some(Rc::new(synced))));
     f()
 }
 
-fn replicas_sum<B: Backend>() -> Option<ReplicasSum<B>> {
-    REPLICAS_SUM.with_borrow(|sum| sum.as_ref()?.downcast_ref::<ReplicasSum<B>>().cloned())
+fn synced<B: Backend>() -> Option<Synced<B>> {
+    SYNCED.with_borrow(|synced| synced.as_ref()?.downcast_ref::<Synced<B>>().cloned())
 }
 
 /// A `[1, C]` per-channel value as a `[N * C, 1]` column that broadcasts along each row.
@@ -268,7 +285,11 @@ mod tests {
         let alone = BatchNorm2d::<Train>::new(3, false, &device);
         let expected = alone.forward(x.clone()).inner();
         let synced = BatchNorm2d::<Train>::new(3, false, &device);
-        let y = synchronized(|t: Tensor<Train, 2>| t * 2.0, || synced.forward(x.clone()));
+        let y = synchronized(
+            |t: Tensor<Train, 2>| t * 2.0,
+            4,
+            || synced.forward(x.clone()),
+        );
         y.inner()
             .into_data()
             .assert_approx_eq::<f32>(&expected.into_data(), Tolerance::rel_abs(1e-5, 1e-5));
@@ -281,7 +302,7 @@ mod tests {
             );
         }
         // Outside `synchronized`, layers normalize alone again.
-        assert!(replicas_sum::<Train>().is_none());
+        assert!(super::synced::<Train>().is_none());
     }
 
     #[test]

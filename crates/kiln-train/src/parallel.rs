@@ -385,15 +385,15 @@ impl<B: AutodiffBackend> Replica<B> {
             .take()
             .expect("a replica holds its model between steps");
         let local: usize = batches.iter().map(|b| b.labels.len()).sum();
-        // With sync_bn, also how many replicas got no images of each batch: batch norm syncs
-        // only over batches that every replica runs, since each sum waits for all of them.
+        // With sync_bn, also per batch how many replicas got none of its images (batch norm
+        // syncs only over batches that every replica runs, since each sum waits for all of
+        // them) and how many images it has on all replicas (batch norm's count).
         let mut counts = vec![local as f64];
         if sync_bn {
-            counts.extend(
-                batches
-                    .iter()
-                    .map(|b| f64::from(u8::from(b.labels.is_empty()))),
-            );
+            counts.extend(batches.iter().flat_map(|b| {
+                let images = b.labels.len();
+                [f64::from(u8::from(images == 0)), images as f64]
+            }));
         }
         if collective {
             counts = self.sum(&counts)?;
@@ -407,10 +407,11 @@ impl<B: AutodiffBackend> Replica<B> {
             }
             let batch = to_device::<B>(batch, &self.device);
             let n = batch.len();
-            let logits = if sync_bn && counts[1 + index] == 0.0 {
+            let logits = if sync_bn && counts[1 + 2 * index] == 0.0 {
                 let peer = self.peer;
                 kiln_models::synchronized(
                     move |x: Tensor<B, 2>| sum_over_peers(x, peer),
+                    counts[2 + 2 * index] as usize,
                     || model.forward(batch.images),
                 )
             } else {

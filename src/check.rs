@@ -17,10 +17,14 @@ use kiln_models::{ResNetConfig, Stem};
 
 #[derive(Args)]
 pub struct CompareArgs {
-    /// Backends to compare, comma-separated; ones not compiled in or without a device are
-    /// reported as skipped.
+    /// Backends to compare, comma-separated. One that is not compiled in or has no device
+    /// fails the comparison, unless --allow-missing is given.
     #[arg(long, value_delimiter = ',', default_value = "flex,ndarray,wgpu")]
     backends: Vec<String>,
+
+    /// Report backends that are not compiled in or have no device as skipped, and pass.
+    #[arg(long)]
+    allow_missing: bool,
 
     /// The backend the others are compared with (default: the first of --backends).
     #[arg(long)]
@@ -86,6 +90,18 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
         &probe,
     )
     .with_context(|| format!("the reference backend {reference} cannot run"))?;
+    if !args.allow_missing {
+        for backend in &backends {
+            resolve(
+                BackendChoice::Explicit(*backend),
+                &DeviceSelection::default(),
+                &probe,
+            )
+            .with_context(|| {
+                format!("{backend} cannot run here, so it cannot be compared (pass --allow-missing to compare the others)")
+            })?;
+        }
+    }
 
     println!(
         "comparing {} (width {}, {} stem, {} classes) on {} images of {}x{}, {} optimizer steps; reference {reference}",
@@ -110,6 +126,7 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
     )??;
     let mut results = Vec::new();
     let mut failed = false;
+    let mut missing = Vec::new();
     for backend in backends.into_iter().filter(|b| *b != reference) {
         let outcome = capture_on(backend, &probe, &spec, &weights).map(|actual| {
             let tolerances = if backend == Backend::Cuda {
@@ -123,7 +140,10 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
         failed |= match &outcome {
             Outcome::Compared(diffs) => diffs.iter().any(|d| !d.passed),
             Outcome::Failed(_) => true,
-            Outcome::Skipped(_) => false,
+            Outcome::Skipped(_) => {
+                missing.push(backend.name());
+                false
+            }
         };
         results.push(serde_json::json!({ "backend": backend.name(), "result": outcome }));
     }
@@ -136,6 +156,14 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
     if failed {
         bail!("the backends disagree beyond tolerance (see the table above)");
     }
+    if !missing.is_empty() && !args.allow_missing {
+        bail!(
+            "{} could not run here, so nothing was compared on {}; run where {} can, or pass --allow-missing to accept that",
+            missing.join(", "),
+            if missing.len() == 1 { "it" } else { "them" },
+            if missing.len() == 1 { "it" } else { "they" }
+        );
+    }
     println!("all compared backends agree with {reference} within tolerance");
     Ok(())
 }
@@ -145,7 +173,7 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
 #[serde(rename_all = "snake_case")]
 enum Outcome<T> {
     Compared(T),
-    /// Not compiled in, or no device: not a failure.
+    /// Not compiled in, or no device: a failure unless `--allow-missing`.
     Skipped(String),
     /// The backend started and then failed.
     Failed(String),
@@ -175,6 +203,7 @@ fn capture_on(
         Ok(resolved) => resolved,
         Err(why) => return Outcome::Skipped(why.to_string()),
     };
+    kiln_backend::configure_kernel_cache(&resolved);
     let task = SaveAndCapture {
         spec: spec.clone(),
         weights: weights.to_path_buf(),
@@ -335,6 +364,7 @@ pub fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
                 continue;
             }
         };
+        kiln_backend::configure_kernel_cache(&resolved);
         let task = Measure {
             backend,
             workloads: workloads.clone(),

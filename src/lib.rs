@@ -8,17 +8,19 @@ use std::sync::atomic::AtomicBool;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use kiln_backend::{BackendTask, MemoryMeter, probe, resolve, run_on};
+use kiln_backend::{BackendTask, MemoryMeter, configure_kernel_cache, probe, resolve, run_on};
 use kiln_data::Shard;
 use kiln_models::weights;
 use kiln_train::config::BatchSize;
-use kiln_train::engine::{Evaluation, build_model, loaders};
+use kiln_train::engine::{Evaluation, loaders};
+use kiln_train::measure::{self, Measured, WarmUpSizes};
 use kiln_train::parallel::Placement;
-use kiln_train::plan::{self, Budget, Measured, Plan};
+use kiln_train::plan::{Budget, Plan};
 use kiln_train::progress::Console;
+use kiln_train::step::build_model;
 use kiln_train::{Outcome, RunDir, TrainConfig, TrainError};
 
-pub use kiln_backend::{BackendChoice, DeviceSelection};
+pub use kiln_backend::{BackendChoice, DeviceSelection, KernelCache};
 pub use kiln_train::parallel::Cluster;
 
 /// Trains `config` into `run` on the requested backend and devices (data parallel when there
@@ -34,10 +36,12 @@ pub fn train(
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<Outcome> {
     let resolved = resolve(backend, devices, &probe())?;
+    configure_kernel_cache(&resolved);
     let task = Train {
         config: config.clone(),
         run: RunDir::open(&run.path),
         resume,
+        compiles_kernels: resolved.backend.compiles_kernels(),
         memory: MemoryMeter::for_device(&resolved),
         cluster,
         stop,
@@ -49,6 +53,7 @@ struct Train {
     config: TrainConfig,
     run: RunDir,
     resume: bool,
+    compiles_kernels: bool,
     memory: MemoryMeter,
     cluster: Option<Cluster>,
     stop: Arc<AtomicBool>,
@@ -58,7 +63,7 @@ impl BackendTask for Train {
     type Output = Result<Outcome, TrainError>;
 
     fn run<B: AutodiffBackend>(mut self, devices: Vec<B::Device>) -> Self::Output {
-        let mut console = Console::new(self.config.logging.print_every);
+        let mut console = Console::new(self.config.logging.print_every, self.compiles_kernels);
         let placement = Placement {
             devices,
             cluster: self.cluster,
@@ -95,6 +100,7 @@ pub fn evaluate(
     devices: &DeviceSelection,
 ) -> anyhow::Result<Evaluation> {
     let resolved = resolve(backend, devices, &probe())?;
+    configure_kernel_cache(&resolved);
     let available = MemoryMeter::for_device(&resolved).available();
     let task = Eval {
         config: eval_batch_size(config, available),
@@ -171,6 +177,7 @@ pub fn plan(
     measure: bool,
 ) -> anyhow::Result<PlanReport> {
     let resolved = resolve(backend, devices, &probe())?;
+    configure_kernel_cache(&resolved);
     let mut meter = MemoryMeter::for_device(&resolved);
     let plan = Plan::new(config, resolved.devices.len())?;
     let budget = match memory {
@@ -221,7 +228,7 @@ impl BackendTask for Measure<'_> {
     fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output {
         /// The first step creates the optimizer's state; the peak comes in the second.
         const STEPS: usize = 3;
-        plan::measure::<B>(
+        measure::measure::<B>(
             &self.config,
             &self.plan,
             self.per_device,
@@ -229,5 +236,72 @@ impl BackendTask for Measure<'_> {
             &devices[0],
             self.meter,
         )
+    }
+}
+
+/// Compiles and tunes the kernels `config`'s run will use on the requested device, so that the
+/// run itself starts at full speed (`kiln warmup`); says where they are kept.
+pub fn warmup(
+    config: &TrainConfig,
+    backend: BackendChoice,
+    devices: &DeviceSelection,
+) -> anyhow::Result<KernelCache> {
+    let resolved = resolve(backend, devices, &probe())?;
+    let cache = configure_kernel_cache(&resolved);
+    let available = MemoryMeter::for_device(&resolved).available();
+    let config = eval_batch_size(config, available);
+    let plan = Plan::new(&config, resolved.devices.len())?;
+    let (train, val) = loaders(&config, Shard::WHOLE)?;
+    let sizes = WarmUpSizes::new(
+        config.batch_size.fixed().unwrap_or(1),
+        resolved.devices.len(),
+        train.dataset().len(),
+        val.map_or(0, |v| v.dataset().len()),
+        config.data.drop_last,
+    );
+    run_on(
+        &resolved,
+        WarmUp {
+            config,
+            plan,
+            sizes,
+        },
+    )??;
+    Ok(cache)
+}
+
+struct WarmUp {
+    config: TrainConfig,
+    plan: Plan,
+    sizes: WarmUpSizes,
+}
+
+impl BackendTask for WarmUp {
+    type Output = Result<(), TrainError>;
+
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output {
+        let bar = indicatif::ProgressBar::new(self.sizes.stages() as u64).with_style(
+            indicatif::ProgressStyle::with_template(
+                "warming up [{bar:30}] {pos}/{len} {msg} ({elapsed})",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        bar.enable_steady_tick(std::time::Duration::from_secs(1));
+        let mut started = false;
+        let result = measure::warm_up::<B>(
+            &self.config,
+            &self.plan,
+            &self.sizes,
+            &devices[0],
+            |stage| {
+                if std::mem::replace(&mut started, true) {
+                    bar.inc(1);
+                }
+                bar.set_message(stage.to_string());
+            },
+        );
+        bar.finish_and_clear();
+        result
     }
 }

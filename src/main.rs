@@ -42,6 +42,13 @@ enum Command {
     )]
     Train(train::TrainArgs),
 
+    /// Compile and tune the GPU kernels a config's training uses, ahead of the run (kept in
+    /// kiln's cache, so the run and every later one start at full speed).
+    #[command(
+        after_help = "Examples:\n  kiln warmup --config configs/quickstart.toml --backend wgpu\n  kiln warmup --config configs/imagefolder-resnet50.toml --backend cuda"
+    )]
+    Warmup(train::WarmupArgs),
+
     /// Estimate the device memory a config's training takes and the batch that fits.
     #[command(
         after_help = "Examples:\n  kiln plan --config configs/imagefolder-resnet50.toml\n  kiln plan --config configs/cifar10-resnet18-sgd.toml --set batch_size=512 --memory 8GiB\n  kiln plan --config configs/quickstart.toml --measure"
@@ -87,6 +94,7 @@ fn parse<T: std::str::FromStr<Err = kiln_backend::BackendError>>(s: &str) -> Res
 }
 
 fn main() -> ExitCode {
+    install_logger();
     install_panic_hook();
     let cli = Cli::parse();
     let result = match cli.command {
@@ -94,6 +102,7 @@ fn main() -> ExitCode {
         Command::Predict(args) => predict::run(args),
         Command::Train(args) => train::run_train(args),
         Command::Eval(args) => train::run_eval(args),
+        Command::Warmup(args) => train::run_warmup(args),
         Command::Plan(args) => plan::run(args),
         Command::Compare(args) => check::run_compare(args),
         Command::Bench(args) => check::run_bench(args),
@@ -116,30 +125,65 @@ fn one_line(error: &anyhow::Error) -> String {
         .join(": ")
 }
 
-/// A panic is a kiln bug; show one line instead of a backtrace dump.
-/// The first line of a panic's message.
+/// The first non-empty line of a panic's message (cubecl's begin with a newline).
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     let message = payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown cause".to_string());
-    message.lines().next().unwrap_or_default().to_string()
+    message
+        .lines()
+        .map(str::trim)
+        .find(|line| !line.is_empty())
+        .unwrap_or("no message")
+        .to_string()
 }
 
+/// burn's and cubecl's warnings (and errors) reach the user; `RUST_LOG` says otherwise. wgpu's
+/// own chatter about the platform stays at errors.
+fn install_logger() {
+    env_logger::Builder::from_env(
+        env_logger::Env::default()
+            .default_filter_or("warn,wgpu_hal=error,wgpu_core=error,naga=error"),
+    )
+    .format_timestamp(None)
+    .init();
+}
+
+/// A panic is a kiln bug or a runtime failure; show one line (with the thread) instead of a
+/// backtrace dump. A panic on a GPU runtime's thread ends the process: cubecl catches it there
+/// and only logs it, and whoever waits for that thread's answer would wait for ever.
 fn install_panic_hook() {
-    if std::env::var_os("RUST_BACKTRACE").is_some() {
-        return;
-    }
-    std::panic::set_hook(Box::new(|info| {
+    let quiet = std::env::var_os("RUST_BACKTRACE").is_some();
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("unnamed");
+        let first_line = panic_message(info.payload());
         // Training turns a device's out-of-memory panic into an error with a batch that fits,
-        // and a precision probe's panic into "not supported".
-        if kiln_train::panics::will_be_caught(info.payload()) {
+        // and a precision probe's panic into "not supported"; replicas' panics become the run's
+        // error.
+        if kiln_train::panics::will_be_caught(info.payload())
+            || kiln_train::panics::is_handled_thread(name)
+        {
+            kiln_train::panics::record_runtime_panic(&first_line);
             return;
         }
-        let first_line = panic_message(info.payload());
-        eprintln!(
-            "error: kiln stopped unexpectedly ({first_line}); this is a bug, please report it (RUST_BACKTRACE=1 shows where)"
-        );
+        let runtime = kiln_train::panics::is_runtime_thread(name);
+        if quiet {
+            default(info);
+        } else if runtime {
+            eprintln!(
+                "error: the GPU runtime failed in thread '{name}': {first_line}; kiln cannot go on and ends the run here (RUST_LOG=debug shows more)"
+            );
+        } else {
+            eprintln!(
+                "error: kiln stopped unexpectedly in thread '{name}': {first_line}; this is a bug, please report it (RUST_BACKTRACE=1 shows where)"
+            );
+        }
+        if runtime {
+            std::process::exit(1);
+        }
     }));
 }

@@ -197,3 +197,35 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[derive(Args)]
+pub struct WarmupArgs {
+    /// The config whose training kernels to compile and tune.
+    #[arg(long)]
+    config: PathBuf,
+
+    #[command(flatten)]
+    options: ConfigOptions,
+}
+
+pub fn run_warmup(args: WarmupArgs) -> anyhow::Result<()> {
+    let config = TrainConfig::load(&args.config, &args.options.overrides)?;
+    let (backend, devices) = args.options.device_request(&config)?;
+    let start = std::time::Instant::now();
+    let cache = kiln::warmup(&config, backend, &devices)?;
+    let seconds = start.elapsed().as_secs_f64();
+    match cache {
+        kiln::KernelCache::Kiln(folder) => println!(
+            "warmed up in {seconds:.1} s; kernels and tuning kept in {}",
+            folder.display()
+        ),
+        kiln::KernelCache::User(file) => println!(
+            "warmed up in {seconds:.1} s; kernels are kept where {} says",
+            file.display()
+        ),
+        kiln::KernelCache::None => {
+            println!("nothing to warm up: this backend runs on the CPU and compiles no kernels")
+        }
+    }
+    Ok(())
+}

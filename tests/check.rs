@@ -5,11 +5,12 @@ mod common;
 use common::{errors, kiln};
 
 #[test]
-fn compare_passes_on_the_cpu_backends_and_skips_what_is_missing() {
+fn compare_passes_on_the_cpu_backends_and_skips_what_is_missing_when_allowed() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("compare.json");
     let output = kiln(&[
         "compare",
+        "--allow-missing",
         "--backends",
         "flex,ndarray,metal",
         "--width",
@@ -42,6 +43,19 @@ fn compare_passes_on_the_cpu_backends_and_skips_what_is_missing() {
     assert_eq!(ndarray.as_array().unwrap().len(), 7);
     assert_eq!(ndarray[3]["stage"], "gradients");
     assert!(ndarray[3]["max_rel"].as_f64().unwrap() < 1e-3);
+}
+
+#[test]
+fn compare_fails_when_a_named_backend_cannot_run() {
+    // This test build has no cuda: a comparison that names it must not pass on the others.
+    let output = kiln(&["compare", "--backends", "flex,cuda", "--width", "4"]);
+    assert!(!output.status.success());
+    let errors = errors(&output);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("cuda cannot run here") && errors[0].contains("--allow-missing"),
+        "{errors:?}"
+    );
 }
 
 #[test]

@@ -55,7 +55,7 @@ fn model_file(runs: &Path) -> PathBuf {
 /// Every value of the model in `path` (torchvision's names, in name order), flattened.
 fn parameters(config: &TrainConfig, path: &Path) -> Vec<f32> {
     let device = Default::default();
-    let model = kiln_train::engine::build_model::<Flex>(&config.model, 3, &device).unwrap();
+    let model = kiln_train::step::build_model::<Flex>(&config.model, 3, &device).unwrap();
     let (model, _) = kiln_models::weights::load(model, path).unwrap();
     kiln_models::weights::torch_state_dict(&model)
         .into_values()

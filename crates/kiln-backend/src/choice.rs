@@ -58,6 +58,15 @@ impl Backend {
         }
     }
 
+    /// Whether kernels are compiled (and tuned) on the device's first use: cubecl's GPU
+    /// backends, whose first step takes longer.
+    pub fn compiles_kernels(self) -> bool {
+        matches!(
+            self,
+            Backend::Cuda | Backend::Wgpu | Backend::Vulkan | Backend::Metal
+        )
+    }
+
     /// CPU backends have exactly one device and need no driver.
     pub fn is_cpu(self) -> bool {
         matches!(self, Backend::Flex | Backend::NdArray)

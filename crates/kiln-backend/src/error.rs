@@ -22,6 +22,9 @@ pub enum BackendError {
         fix: &'static str,
     },
 
+    #[error("the cuda backend needs {what}: {fix}")]
+    CudaSetup { what: String, fix: String },
+
     #[error(
         "the {backend} driver failed to start ({reason}): check the driver installation, or run with --backend flex"
     )]

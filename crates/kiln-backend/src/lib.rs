@@ -6,14 +6,17 @@
 //! a variant to [`Backend`], a probe, and one line in [`run_on`].
 
 mod choice;
+pub mod cuda_setup;
 mod dispatch;
 mod error;
+pub mod kernel_cache;
 mod memory;
 mod probe;
 
 pub use choice::{Backend, BackendChoice, DeviceSelection};
 pub use dispatch::{BackendTask, run_on};
 pub use error::BackendError;
+pub use kernel_cache::KernelCache;
 pub use memory::MemoryMeter;
 pub use probe::{BackendReport, DeviceInfo, DeviceKind, Probe, probe};
 
@@ -38,8 +41,32 @@ pub fn resolve(
         }
     };
     let devices = selection.pick(backend, &candidates)?;
+    if backend == Backend::Cuda && devices.len() > 1 {
+        probe::check_nccl()?;
+    }
     Ok(Resolved {
         backend,
         devices: devices.into_iter().cloned().collect(),
     })
+}
+
+/// Points cubecl's kernel and autotune caches at kiln's cache folder for the resolved GPU
+/// backend and device (see [`kernel_cache`]). Call it before the run touches the device.
+pub fn configure_kernel_cache(resolved: &Resolved) -> KernelCache {
+    if !resolved.backend.compiles_kernels() {
+        return KernelCache::None;
+    }
+    let device = resolved
+        .devices
+        .first()
+        .map_or("device", |d| d.name.as_str());
+    let folder = kernel_cache::folder(
+        &kiln_download::cache_root(),
+        resolved.backend.name(),
+        device,
+    );
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    return kernel_cache::configure(folder);
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    KernelCache::Kiln(folder)
 }

@@ -11,6 +11,7 @@ pub struct MemoryMeter {
     total: Option<u64>,
 }
 
+#[derive(Clone)]
 enum Source {
     None,
     /// Linux's high-water mark of the resident set (`VmHWM`), reset through `clear_refs`.
@@ -115,6 +116,32 @@ impl MemoryMeter {
             Source::Process => meminfo_bytes("MemAvailable:"),
             #[allow(unreachable_patterns)]
             _ => Some(self.total?.saturating_sub(self.current().unwrap_or(0))),
+        }
+    }
+
+    /// A reading of the device's memory pool that runs on another thread: cubecl keeps a pool
+    /// per thread, so the thread that runs the work must read it. `None` for meters that need
+    /// no samples (the process's peak is kept by the kernel).
+    #[allow(clippy::type_complexity)]
+    pub fn reader(&self) -> Option<Box<dyn Fn() -> Option<u64> + Send>> {
+        match &self.source {
+            Source::None | Source::Process => None,
+            #[allow(unreachable_patterns)]
+            source => {
+                let meter = MemoryMeter {
+                    source: source.clone(),
+                    peak: None,
+                    total: None,
+                };
+                Some(Box::new(move || meter.current()))
+            }
+        }
+    }
+
+    /// Takes a reading made elsewhere (by [`MemoryMeter::reader`]).
+    pub fn record(&mut self, bytes: Option<u64>) {
+        if let Some(now) = bytes {
+            self.peak = Some(self.peak.map_or(now, |p| p.max(now)));
         }
     }
 

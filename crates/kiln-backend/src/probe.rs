@@ -149,6 +149,11 @@ impl Probe {
     }
 }
 
+/// Whether several CUDA devices can exchange tensors (NCCL is there).
+pub fn check_nccl() -> Result<(), BackendError> {
+    cuda_probe::check_nccl()
+}
+
 /// A probe of this machine. Never panics and never constructs a burn device.
 pub fn probe() -> Probe {
     Probe::default()
@@ -169,10 +174,17 @@ fn cpu_device(backend: Backend) -> DeviceInfo {
 
 #[cfg(feature = "cuda")]
 mod cuda_probe {
+    use std::path::Path;
+    use std::sync::OnceLock;
+
     use cudarc::driver::result;
 
     use super::{DeviceInfo, DeviceKind};
+    use crate::cuda_setup::{self, Search};
     use crate::{Backend, BackendError};
+
+    /// The driver, NVRTC and headers, found and set up once per process.
+    static SETUP: OnceLock<Result<String, BackendError>> = OnceLock::new();
 
     pub fn devices() -> Result<Vec<DeviceInfo>, BackendError> {
         let backend = Backend::Cuda;
@@ -184,19 +196,12 @@ mod cuda_probe {
                 fix: "install the NVIDIA driver, or run with --backend wgpu or --backend flex",
             });
         }
-        // SAFETY: as above.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(BackendError::DriverMissing {
-                backend,
-                library: "libnvrtc (CUDA's runtime compiler)",
-                fix: "install the CUDA toolkit's nvrtc library (for example the nvidia-cuda-nvrtc wheel or your distribution's libnvrtc package), or run with --backend wgpu or --backend flex",
-            });
-        }
         let failed = |e: result::DriverError| BackendError::DriverFailed {
             backend,
             reason: e.to_string(),
         };
         result::init().map_err(failed)?;
+        let runtime = SETUP.get_or_init(set_up_compiler).clone()?;
         let count = result::device::get_count().map_err(failed)?;
         (0..count)
             .map(|ordinal| {
@@ -210,11 +215,115 @@ mod cuda_probe {
                     name,
                     kind: DeviceKind::Discrete,
                     memory_bytes: Some(memory as u64),
-                    detail: "CUDA".to_string(),
+                    detail: runtime.clone(),
                     ordinal: ordinal as usize,
                 })
             })
             .collect()
+    }
+
+    /// The CUDA version the driver supports, as `major * 1000 + minor * 10`.
+    fn driver_version() -> Option<i32> {
+        let mut version = 0;
+        // SAFETY: writes one int; the driver library is loaded (checked by the caller).
+        let status = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) };
+        (status == cudarc::driver::sys::CUresult::CUDA_SUCCESS).then_some(version)
+    }
+
+    fn nvrtc_version() -> Option<(i32, i32)> {
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: writes two ints; NVRTC is loaded (checked by the caller).
+        let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+        (status == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
+    }
+
+    /// Finds the headers and NVRTC that cubecl compiles kernels with, makes them the ones it
+    /// uses, and describes them; or says in one line what is missing and how to install it.
+    fn set_up_compiler() -> Result<String, BackendError> {
+        let driver = driver_version();
+        let install = cuda_setup::install_command(driver);
+        let missing = |what: &str| BackendError::CudaSetup {
+            what: what.to_string(),
+            fix: format!(
+                "install them with `{install}` (or a CUDA toolkit, and set CUDA_PATH), or run with --backend wgpu or --backend flex"
+            ),
+        };
+        let search = Search::of_this_machine(&kiln_download::cache_root());
+        let headers = cuda_setup::find(&search).map_err(|looked| {
+            missing(&format!(
+                "CUDA's headers (cuda_runtime.h, which every kernel is compiled against), and none are in {}",
+                looked.join(", ")
+            ))
+        })?;
+        if let Some(nvrtc) = &headers.nvrtc {
+            // NVRTC is opened by name (by cudarc, and NVRTC opens its builtins by name): opening
+            // these files first makes those names resolve to them.
+            for library in cuda_setup::nvrtc_builtins(nvrtc).iter().chain([nvrtc]) {
+                preload(library);
+            }
+        }
+        // SAFETY: only tries to dlopen the library, as cudarc itself does on first use.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(missing(
+                "libnvrtc (CUDA's runtime compiler), which is neither beside the headers nor on the library path",
+            ));
+        }
+        let nvrtc = nvrtc_version();
+        if let (Some((major, minor)), Some(driver)) = (nvrtc, driver)
+            && major * 1000 + minor * 10 > driver
+        {
+            return Err(BackendError::CudaSetup {
+                what: format!(
+                    "an NVRTC no newer than the driver (NVRTC {major}.{minor}, driver's CUDA {})",
+                    version(driver)
+                ),
+                fix: format!(
+                    "update the NVIDIA driver, or install an older NVRTC (`{install}` with a version up to the driver's)"
+                ),
+            });
+        }
+        // SAFETY: this runs once, from the probe, before any CUDA device is created, so no
+        // cubecl thread reads the environment yet; kiln's own threads never read it.
+        unsafe { std::env::set_var("CUDA_PATH", &headers.cuda_path) };
+        Ok(format!(
+            "driver CUDA {}, NVRTC {} ({}), headers {} (from {})",
+            driver.map_or("?".into(), version),
+            nvrtc.map_or("?".into(), |(a, b)| format!("{a}.{b}")),
+            headers
+                .nvrtc
+                .as_deref()
+                .map_or("on the library path".into(), |p| p.display().to_string()),
+            headers.cuda_path.join("include").display(),
+            headers.origin
+        ))
+    }
+
+    /// Several CUDA devices exchange tensors through NCCL, which cudarc opens by the names
+    /// `libnccl.so` or `libnccl.so.<CUDA major>`; NCCL's packages and wheels install only
+    /// `libnccl.so.2`.
+    pub fn check_nccl() -> Result<(), BackendError> {
+        // SAFETY: only tries to dlopen the library, as cudarc itself does on first use.
+        if unsafe { cudarc::nccl::sys::is_culib_present() } {
+            return Ok(());
+        }
+        Err(BackendError::CudaSetup {
+            what: "NCCL to train on several GPUs (cudarc opens it as libnccl.so), and none was found".into(),
+            fix: "install it (`apt-get install libnccl-dev`, or `pip install nvidia-nccl-cu12` and link its lib/libnccl.so.2 as libnccl.so on LD_LIBRARY_PATH), or train on one device (--devices 0)".into(),
+        })
+    }
+
+    fn version(v: i32) -> String {
+        format!("{}.{}", v / 1000, (v % 1000) / 10)
+    }
+
+    /// Opens a library for the life of the process, its symbols global, so that later opens by
+    /// its name find it.
+    fn preload(path: &Path) {
+        use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+        // SAFETY: NVIDIA's libraries run no initialisers with requirements on the caller.
+        if let Ok(library) = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) } {
+            std::mem::forget(library);
+        }
     }
 }
 
@@ -222,6 +331,12 @@ mod cuda_probe {
 mod cuda_probe {
     use super::DeviceInfo;
     use crate::{Backend, BackendError};
+
+    pub fn check_nccl() -> Result<(), BackendError> {
+        Err(BackendError::NotCompiled {
+            backend: Backend::Cuda,
+        })
+    }
 
     pub fn devices() -> Result<Vec<DeviceInfo>, BackendError> {
         Err(BackendError::NotCompiled {

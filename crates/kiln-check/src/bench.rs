@@ -15,8 +15,8 @@ use kiln_backend::MemoryMeter;
 use kiln_models::{ResNet, ResNetConfig, Stem};
 use kiln_train::batch::DeviceBatch;
 use kiln_train::config::OptimizerConfig;
-use kiln_train::engine::train_step;
 use kiln_train::optim::AnyOptimizer;
+use kiln_train::step::{Replica, StepPlan};
 use serde::{Deserialize, Serialize};
 
 use crate::CheckError;
@@ -183,25 +183,28 @@ pub fn measure<B: AutodiffBackend>(
     })
 }
 
-/// The training step the engine runs, with SGD and momentum; a step ends when its loss has
-/// reached the host.
+/// The trainer's own step (`Replica::step`), with SGD and momentum; a step ends when its loss
+/// has reached the host, as it does every `print_every` steps in training.
 fn time_training<B: AutodiffBackend>(
-    mut model: ResNet<B>,
+    model: ResNet<B>,
     batch: DeviceBatch<B>,
     budget: Budget,
     device: &B::Device,
     memory: &mut MemoryMeter,
 ) -> Vec<f64> {
-    let mut optimizer = sgd_with_momentum::<B>();
     let loss_fn = CrossEntropyLossConfig::new().init(device);
+    let mut replica = Replica::new(model, sgd_with_momentum::<B>(), loss_fn, device.clone());
+    let plan = StepPlan::alone(batch.len());
     timed_steps(budget, memory, || {
         let step_batch = DeviceBatch {
             images: batch.images.clone(),
             labels: batch.labels.clone(),
             skipped: Vec::new(),
         };
-        let (next, _, _) = train_step(model.clone(), &mut optimizer, &loss_fn, step_batch, 0.01);
-        model = next;
+        replica
+            .step(vec![step_batch], &plan, 0.01)
+            .expect("one replica alone makes no collective call");
+        replica.take_stats();
     })
 }
 

@@ -24,8 +24,8 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use kiln_models::{ResNet, ResNetConfig, weights};
 use kiln_train::batch::DeviceBatch;
 use kiln_train::config::OptimizerConfig;
-use kiln_train::engine::train_step;
 use kiln_train::optim::AnyOptimizer;
+use kiln_train::step::{Replica, StepPlan};
 use serde::Serialize;
 
 use crate::CheckError;
@@ -138,16 +138,22 @@ pub fn capture<B: AutodiffBackend>(
             .collect(),
     );
 
+    // The parameters after a few steps of the trainer's own step function.
     for (stage, config) in optimizers() {
-        let mut model = load()?;
-        let mut optimizer = AnyOptimizer::<ResNet<B>, B>::new(&config);
+        let mut replica = Replica::new(
+            load()?,
+            AnyOptimizer::<ResNet<B>, B>::new(&config),
+            loss_fn.clone(),
+            device.clone(),
+        );
         for step in 0..spec.steps {
             let batch = step_batch::<B>(spec, step, device);
-            (model, _, _) = train_step(model, &mut optimizer, &loss_fn, batch, config.lr);
+            let images = batch.len();
+            replica.step(vec![batch], &StepPlan::alone(images), config.lr)?;
         }
         capture
             .stages
-            .insert(stage, weights::torch_state_dict(&model.valid()));
+            .insert(stage, weights::torch_state_dict(&replica.model().valid()));
     }
     Ok(capture)
 }

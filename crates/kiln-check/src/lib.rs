@@ -45,6 +45,8 @@ pub enum CheckError {
     Model(#[from] kiln_models::ModelError),
     #[error(transparent)]
     Weights(#[from] kiln_models::weights::WeightsError),
+    #[error(transparent)]
+    Step(#[from] kiln_train::error::ParallelError),
     #[error("cannot read {path}: {reason}")]
     Read {
         path: std::path::PathBuf,

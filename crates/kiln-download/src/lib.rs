@@ -31,6 +31,20 @@ pub enum DownloadError {
     Io { path: PathBuf, source: io::Error },
 }
 
+/// Where kiln keeps what it fetches or builds once per machine (weights, compiled GPU kernels):
+/// `$KILN_CACHE_DIR`, else `$XDG_CACHE_HOME/kiln`, else `~/.cache/kiln`.
+pub fn cache_root() -> PathBuf {
+    let env = |key| {
+        std::env::var_os(key)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    env("KILN_CACHE_DIR")
+        .or_else(|| env("XDG_CACHE_HOME").map(|p| p.join("kiln")))
+        .or_else(|| env("HOME").map(|p| p.join(".cache/kiln")))
+        .unwrap_or_else(|| PathBuf::from(".kiln-cache"))
+}
+
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> DownloadError + '_ {
     move |source| DownloadError::Io {
         path: path.to_path_buf(),

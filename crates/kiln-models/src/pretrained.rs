@@ -36,16 +36,7 @@ pub enum PretrainedError {
 
 /// Where kiln keeps downloaded weights.
 pub fn cache_dir() -> PathBuf {
-    let env = |key| {
-        std::env::var_os(key)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    let base = env("KILN_CACHE_DIR")
-        .or_else(|| env("XDG_CACHE_HOME").map(|p| p.join("kiln")))
-        .or_else(|| env("HOME").map(|p| p.join(".cache/kiln")))
-        .unwrap_or_else(|| PathBuf::from(".kiln-cache"));
-    base.join("weights")
+    kiln_download::cache_root().join("weights")
 }
 
 /// PyTorch's hub cache, where torchvision puts the same files.

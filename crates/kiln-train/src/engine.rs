@@ -7,91 +7,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
-use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
-use burn::optim::GradientsParams;
+use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Int, Tensor};
+use burn::tensor::{Int, Tensor};
 use kiln_backend::MemoryMeter;
 use kiln_data::{
     Batches, DataError, HostBatch, ImageLimits, Loader, LoaderConfig, Pipeline, Shard,
 };
-use kiln_models::pretrained::{self, PretrainedError};
-use kiln_models::weights::{self, WeightsError};
-use kiln_models::{ModelError, Precision, ResNet, ResNetConfig, Stem};
+use kiln_models::weights;
+use kiln_models::{Precision, ResNet, ResNetConfig, Stem};
 
-use crate::batch::{DeviceBatch, Uploaded};
-use crate::checkpoint::{self, CheckpointError, EpochSums, Position};
-use crate::config::{BatchSize, ModelSection, TrainConfig};
+use crate::batch::Uploaded;
+use crate::checkpoint::{self, EpochSums, Position};
+use crate::config::{BatchSize, TrainConfig};
+use crate::error::{TrainError, io_error};
 use crate::optim::AnyOptimizer;
 use crate::panics::{self, OutOfMemory};
-use crate::parallel::{ParallelError, Placement, Replicas};
-use crate::plan::{self, Budget, Plan, PlanError};
+use crate::parallel::{Placement, Replicas};
+use crate::plan::{self, Budget, Plan};
 use crate::run_dir::{EpochSummary, RunDir};
 use crate::schedule::Schedule;
-
-#[derive(Debug, thiserror::Error)]
-pub enum TrainError {
-    #[error(transparent)]
-    Data(#[from] DataError),
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    #[error(transparent)]
-    Weights(#[from] WeightsError),
-    #[error(transparent)]
-    Pretrained(#[from] PretrainedError),
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    #[error(transparent)]
-    Parallel(#[from] ParallelError),
-    #[error(transparent)]
-    Plan(#[from] PlanError),
-    #[error(
-        "precision = \"{precision}\" does not run on this device ({reason}); use precision = \"f32\"{}",
-        if *precision == "f32" { "" } else { " or train on a GPU that supports it (bf16 needs an NVIDIA GPU of the Ampere generation or later)" }
-    )]
-    PrecisionUnsupported {
-        precision: &'static str,
-        reason: String,
-    },
-    #[error(
-        "out of device memory at batch_size {batch_size} ({per_device} per device), accumulate {accumulate} ({message}); {advice}"
-    )]
-    OutOfMemory {
-        batch_size: usize,
-        per_device: usize,
-        accumulate: usize,
-        message: String,
-        advice: String,
-    },
-    #[error(
-        "the run took {} of device memory at batch_size {batch_size} ({per_device} per device), more than max_memory = {}; {advice}",
-        plan::bytes(*used), plan::bytes(*limit)
-    )]
-    OverMemory {
-        batch_size: usize,
-        per_device: usize,
-        used: u64,
-        limit: u64,
-        advice: String,
-    },
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(
-        "the loss became {loss} at epoch {epoch}, iteration {iteration} (learning rate {lr:.3e}); training stopped. {}",
-        checkpoint.as_ref().map_or("No checkpoint was written yet: lower optimizer.lr and start again".to_string(),
-            |p| format!("The last good checkpoint is {}: lower the learning rate and resume, for example `kiln train --resume {} --set optimizer.lr=...`", p.display(), p.parent().and_then(Path::parent).unwrap_or(p).display()))
-    )]
-    NonFinite {
-        epoch: usize,
-        iteration: usize,
-        loss: f64,
-        lr: f64,
-        checkpoint: Option<PathBuf>,
-    },
-}
+use crate::step::{StepStats, build_model, count_correct, loss_function};
 
 /// What the engine reports as it goes.
 pub enum Event<'a> {
@@ -104,15 +40,20 @@ pub enum Event<'a> {
         replicas: usize,
         resumed_from: Option<&'a Path>,
     },
+    /// Before the first step of a run: on a GPU, kernels are compiled (and tuned) now.
+    FirstStep,
+    /// After every step. `loss` is read from the device only every `print_every` iterations
+    /// (and at the first): then it is the mean over the images since the last reading, and
+    /// `seconds` the time those steps took.
     Iteration {
         epoch: usize,
         epochs: usize,
         batch: usize,
         batches: usize,
         iteration: usize,
-        loss: f64,
         lr: f64,
         images: usize,
+        loss: Option<Reading>,
     },
     /// The memory plan, before anything is loaded: the batch (settled if it was `"auto"`),
     /// the estimated peak per device, and the budget it was checked against.
@@ -130,6 +71,15 @@ pub enum Event<'a> {
     Finished {
         model: &'a Path,
     },
+}
+
+/// Figures read back from the device: the mean loss over the images of the steps since the
+/// last reading, and how long those steps took.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    pub loss: f64,
+    pub steps: usize,
+    pub seconds: f64,
 }
 
 pub trait Observer {
@@ -213,10 +163,11 @@ fn train_planned<B: AutodiffBackend>(
     let in_use_before_model = memory.current().unwrap_or(0);
     let model =
         build_model::<B>(&config.model, classes, &device)?.with_precision(config.precision());
-    let new_optimizer = || AnyOptimizer::<ResNet<B>, B>::new(&config.optimizer);
+    let optimizer_config = config.optimizer.clone();
+    let new_optimizer = move || AnyOptimizer::<ResNet<B>, B>::new(&optimizer_config);
     let mut replicas = Replicas::new(
         model,
-        new_optimizer,
+        new_optimizer.clone(),
         |device| loss_function::<B>(config, device),
         &placement,
         config.device.sync_bn,
@@ -234,11 +185,12 @@ fn train_planned<B: AutodiffBackend>(
     let mut resumed_from = None;
     if resume {
         let (path, saved) = checkpoint::latest(&run.checkpoints())?;
+        let from = path.clone();
         replicas.restore(
-            |model, optimizer, device| checkpoint::load(&path, model, optimizer, device),
+            move |model, optimizer, device| Ok(checkpoint::load(&from, model, optimizer, device)?),
             new_optimizer,
+            saved.loss_scale.clone(),
         )?;
-        replicas.restore_loss_scaler(saved.loss_scale.clone());
         position = saved;
         history = run.history();
         history.retain(|s| s.epoch <= position.epoch);
@@ -253,61 +205,80 @@ fn train_planned<B: AutodiffBackend>(
         resumed_from: resumed_from.as_deref(),
     });
 
+    let mut first_step = true;
     for epoch in position.epoch..config.epochs {
         let clock = Instant::now();
         memory.reset_peak();
         let mut host = train_loader.epoch_from(epoch as u64, position.batch);
-        while let Some(step_batches) = next_step(&mut host, config.accumulate, observer)? {
-            position.batch += step_batches.len();
-            position.sums.skipped += step_batches.iter().map(|b| b.skipped.len()).sum::<usize>();
+        // Each step's batches are uploaded while the step before runs (see `load_next`).
+        let mut loaded = load_next(&mut host, config.accumulate, &mut replicas, observer)?;
+        let mut window = Window {
+            start: Some(Instant::now()),
+            ..Window::default()
+        };
+        while let Some(step_batches) = loaded {
+            if first_step {
+                observer.event(Event::FirstStep);
+                first_step = false;
+            }
+            position.batch += step_batches.batches;
+            position.sums.skipped += step_batches.skipped;
             let lr = schedule.lr(position.iteration);
-            let step = replicas.step(step_batches, lr)?;
-            memory.sample();
-            check_max_memory(config, limits, memory, in_use_before_model)?;
-            if step.images == 0 {
+            replicas.step(lr)?;
+            loaded = load_next(&mut host, config.accumulate, &mut replicas, observer)?;
+            if step_batches.images == 0 && placement.cluster.is_none() {
+                // Every image of the step was skipped: nothing trained, no iteration.
                 continue;
             }
-            if !step.loss.is_finite() {
-                return Err(TrainError::NonFinite {
-                    epoch: epoch + 1,
-                    iteration: position.iteration,
-                    loss: step.loss,
-                    lr,
-                    checkpoint: checkpoint::latest(&run.checkpoints()).ok().map(|(p, _)| p),
-                });
-            }
             position.iteration += 1;
-            position.loss_scale = replicas.loss_scaler();
-            position.sums.loss += step.loss * step.images as f64;
-            position.sums.correct += step.correct;
-            position.sums.seen += step.images;
+            window.steps += 1;
+            let stopping = stop.load(Ordering::SeqCst);
+            let read = position.iteration == 1
+                || position.iteration % config.logging.print_every.max(1) == 0
+                || stopping
+                || loaded.is_none();
+            let reading = match read {
+                true => Some(read_window(
+                    &mut replicas,
+                    &mut window,
+                    &mut position,
+                    epoch,
+                    lr,
+                    run,
+                )?),
+                false => None,
+            };
+            if read {
+                sample_memory(memory, &mut replicas)?;
+                check_max_memory(config, limits, memory, in_use_before_model)?;
+            }
             observer.event(Event::Iteration {
                 epoch,
                 epochs: config.epochs,
                 batch: position.batch,
                 batches,
                 iteration: position.iteration,
-                loss: step.loss,
                 lr,
-                images: step.images,
+                images: step_batches.images,
+                loss: reading,
             });
-            if stop.load(Ordering::SeqCst) {
+            if stopping {
+                position.loss_scale = replicas.loss_scaler()?;
                 position.sums.seconds += clock.elapsed().as_secs_f64();
                 let name = format!("epoch-{:04}-batch-{:06}", epoch + 1, position.batch);
-                let path = checkpoint::save(
-                    &run.checkpoints(),
-                    &name,
-                    replicas.model(),
-                    replicas.optimizer(),
-                    &position,
-                )?;
+                let path = save_checkpoint(&mut replicas, run, name, &position)?;
                 observer.event(Event::Stopped(&path));
                 return Ok(Outcome::Stopped { checkpoint: path });
             }
         }
 
+        if window.steps > 0 {
+            // The epoch's last steps were all skipped images: what came before is still unread.
+            read_window(&mut replicas, &mut window, &mut position, epoch, 0.0, run)?;
+        }
+        let model = replicas.model()?;
         let validation = match &val_loader {
-            Some(loader) => Some(evaluate(&replicas.model().valid(), loader, &device)?),
+            Some(loader) => Some(evaluate(&model.valid(), loader, &device)?),
             None => None,
         };
         let sums = std::mem::take(&mut position.sums);
@@ -324,6 +295,7 @@ fn train_planned<B: AutodiffBackend>(
         history.push(summary.clone());
         position.epoch = epoch + 1;
         position.batch = 0;
+        position.loss_scale = replicas.loss_scaler()?;
         run.write_history(&history, &lr_trace(&schedule, position.iteration))
             .map_err(io_error(&run.path))?;
         observer.event(Event::Epoch(&summary));
@@ -332,8 +304,7 @@ fn train_planned<B: AutodiffBackend>(
             save_epoch_checkpoint(
                 config,
                 run,
-                replicas.model(),
-                replicas.optimizer(),
+                &mut replicas,
                 &mut position,
                 summary.val_top1,
                 observer,
@@ -342,13 +313,109 @@ fn train_planned<B: AutodiffBackend>(
     }
 
     let model_path = run.model_path();
-    weights::save_safetensors(&replicas.model().valid(), &model_path)?;
+    weights::save_safetensors(&replicas.model()?.valid(), &model_path)?;
     replicas.finish()?;
     observer.event(Event::Finished { model: &model_path });
     Ok(Outcome::Finished {
         last: history.last().cloned(),
         model: model_path,
     })
+}
+
+/// Reads the first device's memory pool on the thread of replica 0, whose pool it is.
+fn sample_memory<B: AutodiffBackend>(
+    memory: &mut MemoryMeter,
+    replicas: &mut Replicas<B>,
+) -> Result<(), TrainError> {
+    match memory.reader() {
+        Some(read) => memory.record(replicas.with_first(move |_| Ok(read()))?),
+        None => memory.sample(),
+    }
+    Ok(())
+}
+
+/// A step's loader batches, uploaded to the replicas: how many batches, images and skipped
+/// images it holds.
+struct Loaded {
+    batches: usize,
+    images: usize,
+    skipped: usize,
+}
+
+/// Takes the next step's loader batches (`None` when the epoch is over) and uploads them to
+/// the replicas. Called right after a step is queued, so that on a GPU the upload and the
+/// loader's work overlap the step's kernels.
+fn load_next<B: AutodiffBackend>(
+    host: &mut Batches,
+    accumulate: usize,
+    replicas: &mut Replicas<B>,
+    observer: &mut dyn Observer,
+) -> Result<Option<Loaded>, TrainError> {
+    let Some(batches) = next_step(host, accumulate, observer)? else {
+        return Ok(None);
+    };
+    let loaded = Loaded {
+        batches: batches.len(),
+        images: batches.iter().map(|b| b.labels.len()).sum(),
+        skipped: batches.iter().map(|b| b.skipped.len()).sum(),
+    };
+    replicas.load(batches)?;
+    Ok(Some(loaded))
+}
+
+/// The steps since the last reading of the device.
+#[derive(Default)]
+struct Window {
+    steps: usize,
+    images: usize,
+    loss_sum: f64,
+    start: Option<Instant>,
+}
+
+/// Reads the losses and correct counts of the steps since the last reading (one transfer per
+/// device), adds them to the epoch's sums, and stops the run if a loss is not finite.
+fn read_window<B: AutodiffBackend>(
+    replicas: &mut Replicas<B>,
+    window: &mut Window,
+    position: &mut Position,
+    epoch: usize,
+    lr: f64,
+    run: &RunDir,
+) -> Result<Reading, TrainError> {
+    let stats: Vec<StepStats> = replicas.take_stats()?;
+    let first_iteration = (position.iteration + 1).saturating_sub(stats.len());
+    for (offset, step) in stats.iter().enumerate() {
+        if step.images == 0 {
+            continue;
+        }
+        if !step.loss_sum.is_finite() {
+            return Err(TrainError::NonFinite {
+                epoch: epoch + 1,
+                iteration: first_iteration + offset,
+                loss: step.loss_sum / step.images as f64,
+                lr,
+                checkpoint: checkpoint::latest(&run.checkpoints()).ok().map(|(p, _)| p),
+            });
+        }
+        let loss = step.loss_sum / step.images as f64;
+        position.sums.loss += loss * step.images as f64;
+        position.sums.correct += step.correct;
+        position.sums.seen += step.images;
+        window.loss_sum += loss * step.images as f64;
+        window.images += step.images;
+    }
+    let now = Instant::now();
+    let start = window.start.replace(now);
+    let reading = Reading {
+        loss: window.loss_sum / window.images.max(1) as f64,
+        steps: window.steps,
+        seconds: start.map_or(0.0, |s| now.duration_since(s).as_secs_f64()),
+    };
+    *window = Window {
+        start: Some(now),
+        ..Window::default()
+    };
+    Ok(reading)
 }
 
 /// Trains one step of a tiny network in `precision` on `device`, so that a type the device
@@ -501,32 +568,6 @@ fn shard<D>(placement: &Placement<D>) -> Shard {
     }
 }
 
-/// One optimizer step: forward, loss, backward, update. Returns the updated model, the batch's
-/// mean loss and how many images it classified correctly. This is a one-device training step
-/// without accumulation (`parallel::Replicas::step` adds the weighting, accumulation and
-/// all-reduce around the same forward and backward); kiln's benchmarks and backend comparison
-/// time and check it.
-pub fn train_step<B: AutodiffBackend>(
-    model: ResNet<B>,
-    optimizer: &mut AnyOptimizer<ResNet<B>, B>,
-    loss_fn: &CrossEntropyLoss<B>,
-    batch: DeviceBatch<B>,
-    lr: f64,
-) -> (ResNet<B>, f64, usize) {
-    let logits = model.forward(batch.images);
-    let correct = count_correct(logits.clone().detach(), batch.labels.clone());
-    let loss = loss_fn.forward(logits, batch.labels);
-    let loss_value: f64 = loss.clone().into_scalar().elem();
-    let grads = GradientsParams::from_grads(loss.backward(), &model);
-    (optimizer.step(lr, model, grads), loss_value, correct)
-}
-
-pub(crate) fn count_correct<B: Backend>(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> usize {
-    let predicted = logits.argmax(1).flatten::<1>(0, 1);
-    let hits: i64 = predicted.equal(labels).int().sum().into_scalar().elem();
-    hits as usize
-}
-
 /// Validation loss, top-1 and top-5 accuracy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Evaluation {
@@ -545,7 +586,9 @@ pub fn evaluate<B: Backend>(
     device: &B::Device,
 ) -> Result<Evaluation, DataError> {
     let loss_fn = CrossEntropyLossConfig::new().init(device);
-    let (mut loss, mut top1, mut top5, mut images, mut skipped) = (0.0, 0, 0, 0, 0);
+    // Sums stay on the device until the end: one read for the whole pass.
+    let mut sums: Option<(Tensor<B, 1>, Tensor<B, 1, Int>, Tensor<B, 1, Int>)> = None;
+    let (mut images, mut skipped) = (0, 0);
     for batch in Uploaded::<B, _>::new(loader.epoch(0), device.clone()) {
         let batch = batch?;
         skipped += batch.skipped.len();
@@ -557,13 +600,26 @@ pub fn evaluate<B: Backend>(
         let k = 5.min(logits.dims()[1]);
         let (_, best) = logits.clone().topk_with_indices(k, 1);
         let hits = best.equal(batch.labels.clone().unsqueeze_dim::<2>(1).repeat_dim(1, k));
-        let in_top5: i64 = hits.int().sum().into_scalar().elem();
-        top5 += in_top5 as usize;
-        top1 += count_correct(logits.clone(), batch.labels.clone());
-        let batch_loss: f64 = loss_fn.forward(logits, batch.labels).into_scalar().elem();
-        loss += batch_loss * n as f64;
+        let top5 = hits.int().sum();
+        let top1 = count_correct(logits.clone(), batch.labels.clone());
+        let loss = loss_fn.forward(logits, batch.labels) * n as f64;
+        sums = Some(match sums {
+            None => (loss, top1, top5),
+            Some((l, t1, t5)) => (l + loss, t1 + top1, t5 + top5),
+        });
         images += n;
     }
+    let (loss, top1, top5) = match sums {
+        Some((loss, top1, top5)) => {
+            let counts = Tensor::cat(vec![top1, top5], 0)
+                .into_data()
+                .convert::<i64>();
+            let counts: Vec<i64> = counts.to_vec().expect("two counts");
+            let loss: Vec<f64> = loss.into_data().convert::<f64>().to_vec().expect("a sum");
+            (loss[0], counts[0] as usize, counts[1] as usize)
+        }
+        None => (0.0, 0, 0),
+    };
     let share = |count: usize| count as f64 / images.max(1) as f64;
     Ok(Evaluation {
         loss: loss / images.max(1) as f64,
@@ -614,36 +670,6 @@ pub fn loaders(config: &TrainConfig, shard: Shard) -> Result<(Loader, Option<Loa
     Ok((train, val))
 }
 
-/// The ResNet of the model section, with pretrained weights if asked for. A pretrained
-/// classifier for another class count is left out, so fine-tuning starts with a fresh `fc`.
-pub fn build_model<B: Backend>(
-    section: &ModelSection,
-    data_classes: usize,
-    device: &B::Device,
-) -> Result<ResNet<B>, TrainError> {
-    let config = section.resnet(data_classes)?;
-    let model = config.init::<B>(device)?;
-    let path = match section.pretrained.as_deref() {
-        None => return Ok(model),
-        Some("torchvision") => {
-            pretrained::torchvision_weights(config.depth, &pretrained::cache_dir(), true)?
-        }
-        Some(path) => PathBuf::from(path),
-    };
-    let (model, _report) = weights::load(model, &path)?;
-    Ok(model)
-}
-
-pub(crate) fn loss_function<B: Backend>(
-    config: &TrainConfig,
-    device: &B::Device,
-) -> CrossEntropyLoss<B> {
-    let smoothing = config.loss.label_smoothing;
-    CrossEntropyLossConfig::new()
-        .with_smoothing((smoothing > 0.0).then_some(smoothing as f32))
-        .init(device)
-}
-
 fn epoch_summary(
     epoch: usize,
     position: &Position,
@@ -681,8 +707,7 @@ fn lr_trace(schedule: &Schedule, iterations: usize) -> Vec<(usize, f64)> {
 fn save_epoch_checkpoint<B: AutodiffBackend>(
     config: &TrainConfig,
     run: &RunDir,
-    model: &ResNet<B>,
-    optimizer: &AnyOptimizer<ResNet<B>, B>,
+    replicas: &mut Replicas<B>,
     position: &mut Position,
     top1: Option<f64>,
     observer: &mut dyn Observer,
@@ -693,21 +718,33 @@ fn save_epoch_checkpoint<B: AutodiffBackend>(
         position.best_top1 = top1;
         position.best_checkpoint = Some(name.clone());
     }
-    let dir = run.checkpoints();
-    let path = checkpoint::save(&dir, &name, model, optimizer, position)?;
+    let path = save_checkpoint(replicas, run, name, position)?;
     let keep_best = config
         .checkpoints
         .keep_best
         .then_some(())
         .and(position.best_checkpoint.as_deref());
-    checkpoint::prune(&dir, config.checkpoints.keep_last, keep_best);
+    checkpoint::prune(&run.checkpoints(), config.checkpoints.keep_last, keep_best);
     observer.event(Event::Checkpoint(&path));
     Ok(())
 }
 
-fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
-    move |source| TrainError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
+/// Writes replica 0's model and optimizer state with `position` (on replica 0's thread, where
+/// its tensors live).
+fn save_checkpoint<B: AutodiffBackend>(
+    replicas: &mut Replicas<B>,
+    run: &RunDir,
+    name: String,
+    position: &Position,
+) -> Result<PathBuf, TrainError> {
+    let (dir, position) = (run.checkpoints(), position.clone());
+    replicas.with_first(move |replica| {
+        Ok(checkpoint::save(
+            &dir,
+            &name,
+            replica.model(),
+            &replica.optimizer,
+            &position,
+        )?)
+    })
 }

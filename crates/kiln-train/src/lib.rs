@@ -2,16 +2,23 @@
 //!
 //! - `config`: the TOML schema, `--set` overrides and checks.
 //! - `optim`, `schedule`: PyTorch's optimizers and learning-rate schedules.
+//! - `step`: the one training step (and the model, loss and counts it needs), which training,
+//!   the benchmarks, the backend comparison and `measure` all run.
 //! - `engine`: the training loop and evaluation; `checkpoint` and `run_dir` keep its state and
 //!   record; `progress` shows it on a console.
-//! - `parallel`: data parallel replicas over devices and machines.
-//! - `plan`: the memory a step needs, the batch that fits, `batch_size = "auto"`.
-//! - `batch`: host batches onto a device; `predict`: `kiln predict`.
+//! - `parallel`: data parallel replicas over devices and machines, each on a thread of its
+//!   own; `collective`: what they exchange.
+//! - `plan`: the memory a step needs, the batch that fits, `batch_size = "auto"` (arithmetic
+//!   only); `measure`: the peak of real steps, to check it.
+//! - `error`: the run's errors. `batch`: host batches onto a device; `predict`: `kiln predict`.
 
 pub mod batch;
 pub mod checkpoint;
+pub mod collective;
 pub mod config;
 pub mod engine;
+pub mod error;
+pub mod measure;
 pub mod optim;
 pub mod panics;
 pub mod parallel;
@@ -21,7 +28,9 @@ pub mod progress;
 pub mod run_dir;
 pub mod scaler;
 pub mod schedule;
+pub mod step;
 
 pub use config::TrainConfig;
-pub use engine::{Event, Observer, Outcome, Silent, TrainError, evaluate, train};
+pub use engine::{Event, Observer, Outcome, Reading, Silent, evaluate, train};
+pub use error::TrainError;
 pub use run_dir::{EpochSummary, RunDir};

@@ -5,6 +5,7 @@
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// How many [`catch_out_of_memory`]s are running, on any thread: while there is one, a panic
@@ -13,6 +14,32 @@ static CATCHING: AtomicUsize = AtomicUsize::new(0);
 
 /// How many [`quietly`]s are running: while there is one, every panic is caught.
 static QUIET: AtomicUsize = AtomicUsize::new(0);
+
+/// The last out-of-memory panic seen on a GPU runtime's thread while a
+/// [`catch_out_of_memory`] was running.
+static RUNTIME_OUT_OF_MEMORY: Mutex<Option<String>> = Mutex::new(None);
+
+/// The prefix of the threads kiln runs model replicas on.
+pub const REPLICA_THREAD: &str = "kiln-replica-";
+
+/// Whether kiln itself turns a panic on this thread into an error.
+pub fn is_handled_thread(name: &str) -> bool {
+    name.starts_with(REPLICA_THREAD)
+}
+
+/// Whether this is one of cubecl's device threads, which swallow panics.
+pub fn is_runtime_thread(name: &str) -> bool {
+    name.starts_with("DSU-") || name.starts_with("DSD-")
+}
+
+/// Remembers a caught panic's first line if it is an out-of-memory one (see the module doc).
+pub fn record_runtime_panic(first_line: &str) {
+    if CATCHING.load(Ordering::SeqCst) > 0 && is_out_of_memory(first_line) {
+        *RUNTIME_OUT_OF_MEMORY
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(first_line.to_string());
+    }
+}
 
 /// An allocation that failed on the device, with the runtime's words.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,12 +54,21 @@ pub fn catch_out_of_memory<T>(work: impl FnOnce() -> T) -> Result<T, OutOfMemory
     CATCHING.fetch_sub(1, Ordering::SeqCst);
     match result {
         Ok(value) => Ok(value),
-        Err(payload) => match message(payload.as_ref()) {
-            Some(text) if is_out_of_memory(&text) => Err(OutOfMemory {
-                message: text.lines().next().unwrap_or_default().to_string(),
-            }),
-            _ => resume_unwind(payload),
-        },
+        Err(payload) => {
+            let recorded = RUNTIME_OUT_OF_MEMORY
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            match message(payload.as_ref()) {
+                Some(text) if is_out_of_memory(&text) => Err(OutOfMemory {
+                    message: text.lines().next().unwrap_or_default().to_string(),
+                }),
+                _ => match recorded {
+                    Some(message) => Err(OutOfMemory { message }),
+                    None => resume_unwind(payload),
+                },
+            }
+        }
     }
 }
 
@@ -56,7 +92,7 @@ pub fn will_be_caught(payload: &(dyn Any + Send)) -> bool {
 }
 
 /// The text of a panic.
-fn message(payload: &(dyn Any + Send)) -> Option<String> {
+pub(crate) fn message(payload: &(dyn Any + Send)) -> Option<String> {
     payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -64,7 +100,7 @@ fn message(payload: &(dyn Any + Send)) -> Option<String> {
 }
 
 /// How cubecl (CUDA, wgpu), the CUDA driver and wgpu word a failed allocation.
-fn is_out_of_memory(text: &str) -> bool {
+pub(crate) fn is_out_of_memory(text: &str) -> bool {
     let text = text.to_lowercase();
     [
         "out of memory",

@@ -13,29 +13,27 @@
 //! the replicas through an all-reduce that autodiff goes through); its running statistics are
 //! those of replica 0, which is the one checkpointed and exported.
 
+use std::any::TypeId;
 use std::net::{ToSocketAddrs, UdpSocket};
-
-use burn::collective::{
-    self, AllReduceStrategy, CollectiveConfig, CollectiveError, PeerId, ReduceOperation, all_reduce,
-};
-use std::any::{Any, TypeId};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use burn::backend::Autodiff;
-use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::collective::{self, AllReduceStrategy, CollectiveConfig, PeerId};
+use burn::module::{AutodiffModule, Module};
 use burn::nn::loss::CrossEntropyLoss;
-use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::backend::AutodiffBackend;
 use kiln_data::HostBatch;
-use kiln_models::{Precision, ResNet};
+use kiln_models::ResNet;
 
-use crate::batch::to_device;
+use crate::batch::{DeviceBatch, to_device};
+use crate::collective::sum_values;
+use crate::error::{ParallelError, TrainError};
 use crate::optim::AnyOptimizer;
+use crate::panics::REPLICA_THREAD;
 use crate::scaler::LossScaler;
+use crate::step::{Replica, StepPlan, StepStats};
 
 /// The machines of a multi-machine run and this machine's place among them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,62 +113,42 @@ impl<D> Placement<D> {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ParallelError {
-    #[error(
-        "{0} is not a usable host:port for the coordinator or a node (for example 10.0.0.1:29500)"
-    )]
-    Address(String),
-    #[error(
-        "the data-parallel all-reduce failed: {0}. On a multi-machine run, check that every machine started with the same --nodes and --coordinator, and that the coordinator's and each node's port are open"
-    )]
-    Collective(String),
-    #[error(
-        "cannot start the coordinator on port {0}: {1}. Choose a free port in --coordinator on every machine"
-    )]
-    CoordinatorPort(u16, String),
-    #[error(
-        "sync_bn needs burn's Autodiff backend without gradient checkpointing, which this build does not train on; set sync_bn = false"
-    )]
-    SyncBatchNorm,
+/// A replica and the batches uploaded for its next step.
+pub struct Seat<B: AutodiffBackend> {
+    pub replica: Replica<B>,
+    /// The next step's batches, on the device, with this replica's share of the counts.
+    loaded: Option<(Vec<DeviceBatch<B>>, StepPlan)>,
+    peer: Option<PeerId>,
+    /// A failure to report instead of the next step (tests of what a failing replica does).
+    fail: Option<String>,
 }
 
-impl From<CollectiveError> for ParallelError {
-    fn from(error: CollectiveError) -> Self {
-        ParallelError::Collective(format!("{error:?}"))
-    }
-}
+/// Work for a replica's thread.
+type Job<B> = Box<dyn FnOnce(&mut Seat<B>) + Send>;
 
-/// What one optimizer step saw, over every replica on every machine.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct StepStats {
-    pub images: usize,
-    /// Mean loss over the step's images.
-    pub loss: f64,
-    pub correct: usize,
+/// Where the replicas live: one on the calling thread, or each on a thread of its own for the
+/// whole run (cubecl gives every thread its own stream and memory pool, so a replica keeps
+/// one thread).
+enum Seats<B: AutodiffBackend> {
+    Here(Box<Seat<B>>),
+    Threads(Vec<mpsc::Sender<Job<B>>>),
 }
 
 /// The model replicas of this machine, each with its device and optimizer state.
 pub struct Replicas<B: AutodiffBackend> {
-    replicas: Vec<Replica<B>>,
+    seats: Seats<B>,
     /// True when there is more than one replica in the whole run.
     collective: bool,
     /// True when the run spans several machines.
     machines: bool,
     /// Batch norm over all replicas' images (`sync_bn`), where there are several.
     sync_bn: bool,
+    /// Replicas on this machine.
+    count: usize,
 }
 
-struct Replica<B: AutodiffBackend> {
-    model: Option<ResNet<B>>,
-    optimizer: AnyOptimizer<ResNet<B>, B>,
-    /// f16 training's loss scaling; every replica makes the same decisions, from the same
-    /// all-reduced gradients.
-    scaler: Option<LossScaler>,
-    loss_fn: CrossEntropyLoss<B>,
-    device: B::Device,
-    peer: PeerId,
-}
+/// How long to wait for the replicas before saying what is being waited for.
+const PATIENCE: Duration = Duration::from_secs(60);
 
 impl<B: AutodiffBackend> Replicas<B> {
     /// One replica per device of `placement`, all starting from `model`, `optimizer` and the
@@ -182,39 +160,54 @@ impl<B: AutodiffBackend> Replicas<B> {
         make_loss: impl Fn(&B::Device) -> CrossEntropyLoss<B>,
         placement: &Placement<B::Device>,
         sync_bn: bool,
-    ) -> Result<Self, ParallelError> {
+    ) -> Result<Self, TrainError> {
         let sync_bn = sync_bn && placement.peers() > 1;
         if sync_bn && TypeId::of::<B>() != TypeId::of::<Autodiff<B::InnerBackend>>() {
-            return Err(ParallelError::SyncBatchNorm);
+            return Err(ParallelError::SyncBatchNorm.into());
         }
+        let collective = placement.peers() > 1;
         let first = placement.first_peer();
-        let replicas = placement
+        let mut seats: Vec<Seat<B>> = placement
             .devices
             .iter()
             .enumerate()
-            .map(|(i, device)| Replica {
-                model: Some(replica_of(&model, device)),
-                optimizer: make_optimizer(),
-                scaler: (model.precision == Precision::F16).then(LossScaler::default),
-                loss_fn: make_loss(device),
-                device: device.clone(),
-                peer: PeerId::from(first + i),
+            .map(|(i, device)| Seat {
+                replica: Replica::new(
+                    replica_of(&model, device),
+                    make_optimizer(),
+                    make_loss(device),
+                    device.clone(),
+                ),
+                loaded: None,
+                fail: None,
+                peer: collective.then(|| PeerId::from(first + i)),
             })
             .collect();
+        let seats = match seats.len() {
+            1 => Seats::Here(Box::new(seats.remove(0))),
+            _ => Seats::Threads(
+                seats
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, seat)| spawn_seat(i, seat))
+                    .collect::<Result<_, _>>()?,
+            ),
+        };
         let mut replicas = Self {
-            replicas,
-            collective: placement.peers() > 1,
+            seats,
+            collective,
             machines: placement.cluster.is_some(),
             sync_bn,
+            count: placement.devices.len(),
         };
-        if replicas.collective {
+        if collective {
             replicas.join(placement)?;
         }
         Ok(replicas)
     }
 
-    fn join(&mut self, placement: &Placement<B::Device>) -> Result<(), ParallelError> {
-        let mut config = CollectiveConfig::default().with_num_devices(self.replicas.len());
+    fn join(&mut self, placement: &Placement<B::Device>) -> Result<(), TrainError> {
+        let mut config = CollectiveConfig::default().with_num_devices(self.count);
         if let Some(cluster) = &placement.cluster {
             let port = cluster.coordinator_port()?;
             if cluster.rank == 0 {
@@ -236,81 +229,202 @@ impl<B: AutodiffBackend> Replicas<B> {
                 .with_global_all_reduce_strategy(AllReduceStrategy::Tree(2));
         }
         collective::reset_collective::<B::InnerBackend>();
-        self.on_each(|replica| {
-            collective::register::<B::InnerBackend>(
-                replica.peer,
-                replica.device.clone(),
-                config.clone(),
-            )
-            .map_err(ParallelError::from)
-        })
-        .into_iter()
-        .collect()
-    }
-
-    /// Replica 0's model: the one evaluated, checkpointed and exported.
-    pub fn model(&self) -> &ResNet<B> {
-        self.replicas[0]
-            .model
-            .as_ref()
-            .expect("a replica holds its model between steps")
-    }
-
-    pub fn optimizer(&self) -> &AnyOptimizer<ResNet<B>, B> {
-        &self.replicas[0].optimizer
-    }
-
-    /// f16 training's loss scaling (the same on every replica); `None` in other precisions.
-    pub fn loss_scaler(&self) -> Option<LossScaler> {
-        self.replicas[0].scaler.clone()
-    }
-
-    /// Restores a checkpoint's loss scaling on every replica that scales its loss.
-    pub fn restore_loss_scaler(&mut self, saved: Option<LossScaler>) {
-        for replica in &mut self.replicas {
-            if let (Some(scaler), Some(saved)) = (&mut replica.scaler, &saved) {
-                *scaler = saved.clone();
+        self.on_each(|_| {
+            let config = config.clone();
+            move |seat: &mut Seat<B>| {
+                collective::register::<B::InnerBackend>(
+                    seat.peer
+                        .expect("a collective run gives every replica a peer"),
+                    seat.replica.device.clone(),
+                    config,
+                )
+                .map_err(|e| ParallelError::from(e).into())
             }
-        }
-    }
-
-    /// Replaces every replica's model and optimizer state (a resumed checkpoint).
-    pub fn restore<E>(
-        &mut self,
-        mut load: impl FnMut(
-            ResNet<B>,
-            AnyOptimizer<ResNet<B>, B>,
-            &B::Device,
-        ) -> Result<(ResNet<B>, AnyOptimizer<ResNet<B>, B>), E>,
-        make_optimizer: impl Fn() -> AnyOptimizer<ResNet<B>, B>,
-    ) -> Result<(), E> {
-        for replica in &mut self.replicas {
-            let model = replica.model.take().expect("a replica holds its model");
-            let optimizer = std::mem::replace(&mut replica.optimizer, make_optimizer());
-            let (model, optimizer) = load(model, optimizer, &replica.device)?;
-            replica.model = Some(model);
-            replica.optimizer = optimizer;
-        }
+        })?;
         Ok(())
     }
 
-    /// One optimizer step over `batches` (one loader batch, or `accumulate` of them): each is
-    /// split between this machine's replicas, which train on their parts in parallel.
-    pub fn step(&mut self, batches: Vec<HostBatch>, lr: f64) -> Result<StepStats, ParallelError> {
-        let count = self.replicas.len();
+    /// Replica 0's model (a handle to it, not a copy of the weights): the one evaluated,
+    /// checkpointed and exported.
+    pub fn model(&mut self) -> Result<ResNet<B>, TrainError> {
+        self.with_first(|replica| Ok(replica.model().clone()))
+    }
+
+    /// Runs `f` on replica 0, on its thread.
+    pub fn with_first<T: Send + 'static>(
+        &mut self,
+        f: impl FnOnce(&mut Replica<B>) -> Result<T, TrainError> + Send + 'static,
+    ) -> Result<T, TrainError> {
+        let mut f = Some(f);
+        let mut results = self.on_each(|i| {
+            let f = if i == 0 { f.take() } else { None };
+            move |seat: &mut Seat<B>| f.map(|f| f(&mut seat.replica)).transpose()
+        })?;
+        Ok(results.swap_remove(0).expect("replica 0 ran it"))
+    }
+
+    /// f16 training's loss scaling (the same on every replica); `None` in other precisions.
+    pub fn loss_scaler(&mut self) -> Result<Option<LossScaler>, TrainError> {
+        self.with_first(|replica| Ok(replica.scaler.clone()))
+    }
+
+    /// Replaces every replica's model and optimizer state (a resumed checkpoint), and its loss
+    /// scaling where it scales its loss.
+    pub fn restore(
+        &mut self,
+        load: impl Fn(
+            ResNet<B>,
+            AnyOptimizer<ResNet<B>, B>,
+            &B::Device,
+        ) -> Result<(ResNet<B>, AnyOptimizer<ResNet<B>, B>), TrainError>
+        + Clone
+        + Send
+        + 'static,
+        make_optimizer: impl Fn() -> AnyOptimizer<ResNet<B>, B> + Clone + Send + 'static,
+        scaler: Option<LossScaler>,
+    ) -> Result<(), TrainError> {
+        self.on_each(|_| {
+            let (load, make_optimizer, saved) =
+                (load.clone(), make_optimizer.clone(), scaler.clone());
+            move |seat: &mut Seat<B>| {
+                let replica = &mut seat.replica;
+                let (model, optimizer) = replica.take(make_optimizer());
+                let (model, optimizer) = load(model, optimizer, &replica.device)?;
+                replica.replace(model, optimizer);
+                if let (Some(scaler), Some(saved)) = (&mut replica.scaler, saved) {
+                    *scaler = saved;
+                }
+                Ok(())
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Uploads the next step's `batches` (one loader batch, or `accumulate` of them), each
+    /// split between this machine's replicas; each replica uploads its part on its own thread.
+    pub fn load(&mut self, batches: Vec<HostBatch>) -> Result<(), TrainError> {
+        let count = self.count;
         let mut parts: Vec<Vec<HostBatch>> = (0..count).map(|_| Vec::new()).collect();
         for batch in batches {
             for (i, part) in split(batch, count).into_iter().enumerate() {
                 parts[i].push(part);
             }
         }
-        let (collective, sync_bn) = (self.collective, self.sync_bn);
-        let work: Vec<_> = self.replicas.iter_mut().zip(parts).collect();
-        let results = run_each(work, |(replica, batches)| {
-            replica.step(batches, lr, collective, sync_bn)
-        });
-        let mut stats = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-        Ok(stats.swap_remove(0))
+        let plans = self.plans(&parts);
+        let mut work = parts.into_iter().zip(plans).map(Some).collect::<Vec<_>>();
+        self.on_each(|i| {
+            let (part, plan) = work[i].take().expect("one part per replica");
+            move |seat: &mut Seat<B>| {
+                let device = seat.replica.device.clone();
+                let batches = part.into_iter().map(|b| to_device(b, &device)).collect();
+                seat.loaded = Some((batches, plan));
+                Ok(())
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Each replica's share of a step's counts. On one machine they are known here; on
+    /// several, each replica knows its own and [`Replicas::step`] sums them over the machines.
+    fn plans(&self, parts: &[Vec<HostBatch>]) -> Vec<StepPlan> {
+        let images = |part: &[HostBatch]| part.iter().map(|b| b.labels.len()).sum::<usize>();
+        let total: usize = parts.iter().map(|p| images(p)).sum();
+        let batches = parts.first().map_or(0, Vec::len);
+        let sync_bn: Vec<Option<usize>> = match self.sync_bn {
+            false => Vec::new(),
+            true => (0..batches)
+                .map(|b| {
+                    let sizes = parts.iter().map(|p| p[b].labels.len());
+                    let all_have = sizes.clone().all(|n| n > 0);
+                    all_have.then(|| sizes.sum())
+                })
+                .collect(),
+        };
+        parts
+            .iter()
+            .map(|part| StepPlan {
+                images: if self.machines { images(part) } else { total },
+                peer: None,
+                sync_bn: match self.machines && self.sync_bn {
+                    // Per batch, this replica's images; summed over the machines in `step`.
+                    true => part.iter().map(|b| Some(b.labels.len())).collect(),
+                    false => sync_bn.clone(),
+                },
+            })
+            .collect()
+    }
+
+    /// One optimizer step on the loaded batches, on every replica at once. Returns as soon as
+    /// the work is queued on the devices (nothing is read back; see [`Replicas::take_stats`]).
+    pub fn step(&mut self, lr: f64) -> Result<(), TrainError> {
+        let machines = self.machines;
+        self.on_each(|i| {
+            move |seat: &mut Seat<B>| {
+                if let Some(message) = seat.fail.take() {
+                    return Err(failed(i, &message));
+                }
+                let (batches, mut plan) = seat
+                    .loaded
+                    .take()
+                    .expect("a step's batches are loaded first");
+                plan.peer = seat.peer;
+                if machines {
+                    plan = over_machines(plan, &batches, seat)?;
+                }
+                seat.replica.step(batches, &plan, lr).map_err(Into::into)
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Makes replica `index` fail its next step with `message` instead of stepping, while the
+    /// others step (and wait for it in their all-reduce): how a device that fails mid-run
+    /// looks to the rest of the run. For tests.
+    #[doc(hidden)]
+    pub fn inject_failure(&mut self, index: usize, message: &str) -> Result<(), TrainError> {
+        let message = message.to_string();
+        let mut message = Some(message);
+        self.on_each(|i| {
+            let message = if i == index { message.take() } else { None };
+            move |seat: &mut Seat<B>| {
+                seat.fail = message.or(seat.fail.take());
+                Ok(())
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Every step's images, loss sum and correct predictions since the last call, over all
+    /// replicas and machines: one read from each device (and one all-reduce of the figures
+    /// when there are several replicas).
+    pub fn take_stats(&mut self) -> Result<Vec<StepStats>, TrainError> {
+        let collective = self.collective;
+        let mut all = self.on_each(|_| {
+            move |seat: &mut Seat<B>| {
+                let stats = seat.replica.take_stats();
+                if !collective {
+                    return Ok(stats);
+                }
+                let values: Vec<f64> = stats
+                    .iter()
+                    .flat_map(|s| [s.loss_sum, s.correct as f64])
+                    .collect();
+                let peer = seat
+                    .peer
+                    .expect("a collective run gives every replica a peer");
+                let sums = sum_values::<B::InnerBackend>(&values, peer, &seat.replica.device)?;
+                Ok(stats
+                    .iter()
+                    .zip(sums.chunks(2))
+                    .map(|(s, sum)| StepStats {
+                        images: s.images,
+                        loss_sum: sum[0],
+                        correct: sum[1].round() as usize,
+                    })
+                    .collect())
+            }
+        })?;
+        Ok(all.swap_remove(0))
     }
 
     /// Leaves the collective, so that a later run in this process can join a new one.
@@ -318,251 +432,153 @@ impl<B: AutodiffBackend> Replicas<B> {
     /// On several machines, waits for all of them and stays registered instead: machine 0's
     /// process hosts the coordinator, and a machine still asking it to unregister when machine 0
     /// exits would wait for its answer forever. The process ends right after.
-    pub fn finish(mut self) -> Result<(), ParallelError> {
+    pub fn finish(mut self) -> Result<(), TrainError> {
         if !self.collective {
             return Ok(());
         }
-        if self.machines {
-            return self
-                .on_each(|replica| replica.sum(&[0.0]).map(drop))
-                .into_iter()
-                .collect();
-        }
-        self.on_each(|replica| {
-            collective::finish_collective::<B::InnerBackend>(replica.peer)
-                .map_err(ParallelError::from)
-        })
-        .into_iter()
-        .collect()
+        let machines = self.machines;
+        self.on_each(|_| {
+            move |seat: &mut Seat<B>| {
+                let peer = seat
+                    .peer
+                    .expect("a collective run gives every replica a peer");
+                if machines {
+                    sum_values::<B::InnerBackend>(&[0.0], peer, &seat.replica.device)?;
+                } else {
+                    collective::finish_collective::<B::InnerBackend>(peer)
+                        .map_err(ParallelError::from)?;
+                }
+                Ok(())
+            }
+        })?;
+        Ok(())
     }
 
-    fn on_each<T: Send>(&mut self, f: impl Fn(&mut Replica<B>) -> T + Sync) -> Vec<T> {
-        run_each(self.replicas.iter_mut().collect(), f)
+    /// Runs the job that `job(i)` makes on replica `i`, all at once, and gathers the results.
+    /// The first replica that fails (an error or a panic) ends the wait with its error at
+    /// once: the others may be blocked in an all-reduce that will never complete, and are
+    /// left behind. A wait longer than a minute is reported, with what it waits for.
+    fn on_each<T, J>(&mut self, mut job: impl FnMut(usize) -> J) -> Result<Vec<T>, TrainError>
+    where
+        T: Send + 'static,
+        J: FnOnce(&mut Seat<B>) -> Result<T, TrainError> + Send + 'static,
+    {
+        let senders = match &mut self.seats {
+            Seats::Here(seat) => return job(0)(&mut **seat).map(|value| vec![value]),
+            Seats::Threads(senders) => senders,
+        };
+        let (reply, replies) = mpsc::channel();
+        for (i, sender) in senders.iter().enumerate() {
+            let (work, reply) = (job(i), reply.clone());
+            let task: Job<B> = Box::new(move |seat| {
+                let _ = reply.send((i, catch_unwind(AssertUnwindSafe(|| work(seat)))));
+            });
+            sender
+                .send(task)
+                .map_err(|_| failed(i, "its thread has ended"))?;
+        }
+        drop(reply);
+        let mut results: Vec<Option<T>> = senders.iter().map(|_| None).collect();
+        let start = Instant::now();
+        let collective = self.collective;
+        // The others may wait for the failed one in an all-reduce: dropping the collective's
+        // pending operation releases them with an error.
+        let stop_the_others = || {
+            if collective {
+                let _ = catch_unwind(collective::reset_collective::<B::InnerBackend>);
+            }
+        };
+        while let Some(waiting) = results.iter().position(Option::is_none) {
+            match replies.recv_timeout(PATIENCE) {
+                Ok((i, Ok(Ok(value)))) => results[i] = Some(value),
+                Ok((_, Ok(Err(error)))) => {
+                    stop_the_others();
+                    return Err(error);
+                }
+                Ok((i, Err(panic))) => {
+                    stop_the_others();
+                    let message = crate::panics::message(panic.as_ref()).unwrap_or_default();
+                    if crate::panics::is_out_of_memory(&message) {
+                        resume_unwind(panic);
+                    }
+                    return Err(failed(i, message.lines().next().unwrap_or("a panic")));
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => log::warn!(
+                    "replica {waiting} has not answered for {} s (compiling GPU kernels, or waiting for another replica or machine in an all-reduce)",
+                    start.elapsed().as_secs()
+                ),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(failed(waiting, "its thread has ended"));
+                }
+            }
+        }
+        Ok(results.into_iter().flatten().collect())
     }
+}
+
+fn failed(replica: usize, message: &str) -> TrainError {
+    ParallelError::ReplicaFailed {
+        replica,
+        message: message.to_string(),
+    }
+    .into()
+}
+
+/// Starts the long-lived thread of replica `index`.
+fn spawn_seat<B: AutodiffBackend>(
+    index: usize,
+    mut seat: Seat<B>,
+) -> Result<mpsc::Sender<Job<B>>, TrainError> {
+    let (sender, jobs) = mpsc::channel::<Job<B>>();
+    std::thread::Builder::new()
+        .name(format!("{REPLICA_THREAD}{index}"))
+        .spawn(move || {
+            while let Ok(job) = jobs.recv() {
+                job(&mut seat);
+            }
+        })
+        .map_err(|e| failed(index, &format!("cannot start its thread: {e}")))?;
+    Ok(sender)
+}
+
+/// A replica's step plan with the counts summed over every peer of a multi-machine run: each
+/// machine loads only its shard of a batch, so only together do they know the step's images.
+fn over_machines<B: AutodiffBackend>(
+    plan: StepPlan,
+    batches: &[DeviceBatch<B>],
+    seat: &Seat<B>,
+) -> Result<StepPlan, TrainError> {
+    let peer = seat
+        .peer
+        .expect("a multi-machine run gives every replica a peer");
+    // Per batch: whether this replica has none of its images (batch norm syncs only over
+    // batches every replica runs), and how many images it has.
+    let mut counts = vec![plan.images as f64];
+    if !plan.sync_bn.is_empty() {
+        counts.extend(batches.iter().flat_map(|b| {
+            let images = b.len();
+            [f64::from(u8::from(images == 0)), images as f64]
+        }));
+    }
+    let counts = sum_values::<B::InnerBackend>(&counts, peer, &seat.replica.device)?;
+    let sync_bn = match plan.sync_bn.is_empty() {
+        true => Vec::new(),
+        false => counts[1..]
+            .chunks(2)
+            .map(|c| (c[0] == 0.0).then_some(c[1] as usize))
+            .collect(),
+    };
+    Ok(StepPlan {
+        images: counts[0] as usize,
+        peer: Some(peer),
+        sync_bn,
+    })
 }
 
 /// A copy of `model` on `device` with state of its own: `clone` and `fork` alone would leave
 /// the replicas one batch-norm running state, which burn shares between clones.
 fn replica_of<B: AutodiffBackend>(model: &ResNet<B>, device: &B::Device) -> ResNet<B> {
     ResNet::from_inner(model.valid()).fork(device)
-}
-
-/// Runs `f` on every item, each on its own thread when there are several (the collective's
-/// calls block until every peer has made them), inline when there is one.
-fn run_each<I: Send, T: Send>(items: Vec<I>, f: impl Fn(I) -> T + Sync) -> Vec<T> {
-    if items.len() == 1 {
-        return items.into_iter().map(f).collect();
-    }
-    std::thread::scope(|scope| {
-        let f = &f;
-        let handles: Vec<_> = items
-            .into_iter()
-            .map(|item| scope.spawn(move || f(item)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|handle| {
-                handle
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect()
-    })
-}
-
-impl<B: AutodiffBackend> Replica<B> {
-    /// Forward and backward over each of `batches`, gradients summed (each loss weighted by
-    /// its share of the step's images on all replicas), all-reduced, then the optimizer step.
-    fn step(
-        &mut self,
-        batches: Vec<HostBatch>,
-        lr: f64,
-        collective: bool,
-        sync_bn: bool,
-    ) -> Result<StepStats, ParallelError> {
-        let model = self
-            .model
-            .take()
-            .expect("a replica holds its model between steps");
-        let local: usize = batches.iter().map(|b| b.labels.len()).sum();
-        // With sync_bn, also per batch how many replicas got none of its images (batch norm
-        // syncs only over batches that every replica runs, since each sum waits for all of
-        // them) and how many images it has on all replicas (batch norm's count).
-        let mut counts = vec![local as f64];
-        if sync_bn {
-            counts.extend(batches.iter().flat_map(|b| {
-                let images = b.labels.len();
-                [f64::from(u8::from(images == 0)), images as f64]
-            }));
-        }
-        if collective {
-            counts = self.sum(&counts)?;
-        }
-        let total = counts[0] as usize;
-        let mut accumulator = GradientsAccumulator::new();
-        let (mut loss_sum, mut correct) = (0.0, 0);
-        for (index, batch) in batches.into_iter().enumerate() {
-            if batch.labels.is_empty() {
-                continue;
-            }
-            let batch = to_device::<B>(batch, &self.device);
-            let n = batch.len();
-            let logits = if sync_bn && counts[1 + 2 * index] == 0.0 {
-                let peer = self.peer;
-                kiln_models::synchronized(
-                    move |x: Tensor<B, 2>| sum_over_peers(x, peer),
-                    counts[2 + 2 * index] as usize,
-                    || model.forward(batch.images),
-                )
-            } else {
-                model.forward(batch.images)
-            };
-            correct += crate::engine::count_correct(logits.clone().detach(), batch.labels.clone());
-            let loss = self.loss_fn.forward(logits, batch.labels);
-            let value: f64 = loss.clone().into_scalar().elem();
-            loss_sum += value * n as f64;
-            let share = n as f64 / total as f64;
-            let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale);
-            let grads = GradientsParams::from_grads((loss * (share * scale)).backward(), &model);
-            accumulator.accumulate(&model, grads);
-        }
-        let mut grads = Some(accumulator.grads());
-        if collective {
-            grads = grads
-                .map(|g| all_reduce_gradients(&model, g, self.peer))
-                .transpose()?;
-        }
-        if let Some(scaler) = &mut self.scaler {
-            grads = grads.and_then(|g| scaler.unscale(&model, g));
-        }
-        self.model = Some(match grads {
-            Some(grads) if total > 0 => self.optimizer.step(lr, model, grads),
-            // No images this step, or f16 gradients that overflowed: no update.
-            _ => model,
-        });
-        if collective {
-            let sums = self.sum(&[loss_sum, correct as f64])?;
-            (loss_sum, correct) = (sums[0], sums[1].round() as usize);
-        }
-        Ok(StepStats {
-            images: total,
-            loss: loss_sum / total.max(1) as f64,
-            correct,
-        })
-    }
-
-    /// The sum of `values` over every peer of the run.
-    fn sum(&self, values: &[f64]) -> Result<Vec<f64>, ParallelError> {
-        let data = TensorData::new(values.iter().map(|&v| v as f32).collect(), [values.len()]);
-        let tensor = Tensor::<B::InnerBackend, 1>::from_data(data, &self.device);
-        let primitive = tensor.into_primitive().tensor();
-        let summed = all_reduce::<B::InnerBackend>(self.peer, primitive, ReduceOperation::Sum)?;
-        let summed = Tensor::<B::InnerBackend, 1>::from_primitive(TensorPrimitive::Float(summed));
-        Ok(summed
-            .into_data()
-            .convert::<f64>()
-            .to_vec()
-            .expect("an f64 vector"))
-    }
-}
-
-/// `x` summed over every peer of the run, in a way autodiff goes through: each peer's input
-/// receives the sum of all peers' output gradients (an all-reduce's adjoint is an all-reduce).
-/// Without it, a replica's images would miss their effect, through shared batch statistics, on
-/// the other replicas' losses. Panics if the all-reduce fails, as the forward pass that calls it
-/// cannot return an error.
-fn sum_over_peers<B: AutodiffBackend>(x: Tensor<B, 2>, peer: PeerId) -> Tensor<B, 2> {
-    type Tracked<B> = Tensor<Autodiff<<B as AutodiffBackend>::InnerBackend>, 2>;
-    let x = same::<_, Tracked<B>>(x)
-        .expect("Replicas::new checked that B is Autodiff")
-        .into_primitive()
-        .tensor();
-    let sum = all_reduce::<B::InnerBackend>(peer, x.primitive.clone(), ReduceOperation::Sum)
-        .unwrap_or_else(|error| panic!("{}", ParallelError::from(error)));
-    let sum = match SumOverPeers
-        .prepare::<NoCheckpointing>([x.node.clone()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(peer, sum),
-        OpsKind::UnTracked(prep) => prep.finish(sum),
-    };
-    same(Tracked::<B>::from_primitive(TensorPrimitive::Float(sum)))
-        .expect("Replicas::new checked that B is Autodiff")
-}
-
-#[derive(Debug)]
-struct SumOverPeers;
-
-impl<I: Backend> Backward<I, 1> for SumOverPeers {
-    type State = PeerId;
-
-    fn backward(self, ops: Ops<PeerId, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [parent] = ops.parents;
-        let grad = grads.consume::<I>(&ops.node);
-        if let Some(parent) = parent {
-            let sum = all_reduce::<I>(ops.state, grad, ReduceOperation::Sum)
-                .unwrap_or_else(|error| panic!("{}", ParallelError::from(error)));
-            grads.register::<I>(parent.id, sum);
-        }
-    }
-}
-
-/// `value` as a `U` when `T` and `U` are the same type.
-fn same<T: 'static, U: 'static>(value: T) -> Option<U> {
-    let mut slot = Some(value);
-    (&mut slot as &mut dyn Any)
-        .downcast_mut::<Option<U>>()
-        .and_then(Option::take)
-}
-
-/// Sums every trainable parameter's gradient over all peers, in the order the model lists its
-/// parameters. (burn's `GradientsParams::all_reduce` goes by sorted `ParamId`s, which are random
-/// per process, so two machines would pair different tensors.) A replica that had no images
-/// this step sends zeros, so that every peer makes the same calls.
-fn all_reduce_gradients<B: AutodiffBackend>(
-    model: &ResNet<B>,
-    grads: GradientsParams,
-    peer: PeerId,
-) -> Result<GradientsParams, ParallelError> {
-    struct Reduce<B> {
-        grads: GradientsParams,
-        peer: PeerId,
-        error: Option<CollectiveError>,
-        _backend: std::marker::PhantomData<B>,
-    }
-    impl<B: AutodiffBackend> ModuleVisitor<B> for Reduce<B> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            // Batch-norm running statistics come through here too; they take no gradient.
-            let value = param.val();
-            if self.error.is_some() || !value.is_require_grad() {
-                return;
-            }
-            let grad = self
-                .grads
-                .remove::<B::InnerBackend, D>(param.id)
-                .unwrap_or_else(|| value.inner().zeros_like());
-            let primitive = grad.into_primitive().tensor();
-            match all_reduce::<B::InnerBackend>(self.peer, primitive, ReduceOperation::Sum) {
-                Ok(sum) => self.grads.register::<B::InnerBackend, D>(
-                    param.id,
-                    Tensor::from_primitive(TensorPrimitive::Float(sum)),
-                ),
-                Err(error) => self.error = Some(error),
-            }
-        }
-    }
-    let mut reduce = Reduce::<B> {
-        grads,
-        peer,
-        error: None,
-        _backend: std::marker::PhantomData,
-    };
-    model.visit(&mut reduce);
-    match reduce.error {
-        Some(error) => Err(error.into()),
-        None => Ok(reduce.grads),
-    }
 }
 
 /// Splits a host batch into `parts` consecutive parts, as even as can be.

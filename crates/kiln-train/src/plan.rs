@@ -2,6 +2,8 @@
 //! footprint, the batch and the optimizer; the largest batch that fits a budget; and a
 //! measurement of the real peak to check the count against.
 //!
+//! Pure arithmetic: nothing here touches a device (`measure` runs the real steps).
+//!
 //! The count is the weights, one set of gradients, the optimizer's state, the gradient sums of
 //! an accumulation in progress, a backend workspace, and per image the activations that
 //! autodiff keeps for the backward pass. Two constants were measured on burn 0.21's flex backend
@@ -9,19 +11,11 @@
 //! to 128, SGD with and without momentum, Adam, accumulation): `ACTIVATIONS_KEPT` and
 //! `WORKSPACE`. GPU memory pools were not measured here.
 
-use std::time::Instant;
-
-use burn::tensor::backend::AutodiffBackend;
-use kiln_backend::MemoryMeter;
-use kiln_data::{HostBatch, Pipeline};
+use kiln_data::Pipeline;
 use kiln_models::{Footprint, Precision};
 use serde::Serialize;
 
-use crate::TrainError;
 use crate::config::{BatchSize, OptimizerName, TrainConfig};
-use crate::engine::{build_model, loss_function};
-use crate::optim::AnyOptimizer;
-use crate::parallel::{Placement, Replicas};
 
 /// The share of all layer outputs that a step keeps per image: 0.90 to 0.94 of the elements that
 /// `Footprint::activations_per_image` counts, for ResNet-18 and ResNet-50 alike.
@@ -250,72 +244,6 @@ impl Plan {
             }),
             _ => Ok(()),
         }
-    }
-}
-
-/// The peak that `steps` real training steps of `plan`'s micro-batch took on `device`, above
-/// what was in use before: the figure the estimate is checked against.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Measured {
-    pub per_device: usize,
-    pub peak_bytes: u64,
-    pub seconds_per_step: f64,
-}
-
-/// Trains `steps` steps on random images of the plan's size (the engine's own step, with the
-/// config's optimizer and accumulation; no pretrained weights) and reads the peak from
-/// `memory`. `None` where the device cannot report memory.
-pub fn measure<B: AutodiffBackend>(
-    config: &TrainConfig,
-    plan: &Plan,
-    per_device: usize,
-    steps: usize,
-    device: &B::Device,
-    memory: &mut MemoryMeter,
-) -> Result<Option<Measured>, TrainError> {
-    let mut section = config.model.clone();
-    section.pretrained = None;
-    memory.reset_peak();
-    let before = memory.current();
-    let model =
-        build_model::<B>(&section, plan.classes, device)?.with_precision(config.precision());
-    let mut replicas = Replicas::new(
-        model,
-        || AnyOptimizer::new(&config.optimizer),
-        |device| loss_function::<B>(config, device),
-        &Placement::single(device.clone()),
-        false,
-    )?;
-    let clock = Instant::now();
-    for step in 0..steps {
-        let batches = (0..config.accumulate)
-            .map(|i| random_batch(per_device, plan.input, plan.classes, step + i))
-            .collect();
-        replicas.step(batches, config.optimizer.lr)?;
-        memory.sample();
-    }
-    let seconds_per_step = clock.elapsed().as_secs_f64() / steps.max(1) as f64;
-    let peak = memory.peak_bytes();
-    drop(replicas);
-    Ok(before.zip(peak).map(|(before, peak)| Measured {
-        per_device,
-        peak_bytes: peak.saturating_sub(before),
-        seconds_per_step,
-    }))
-}
-
-/// A host batch of `n` images with values spread like normalized pixels.
-fn random_batch(n: usize, (width, height): (u32, u32), classes: usize, seed: usize) -> HostBatch {
-    let shape = [n, 3, height as usize, width as usize];
-    let len = shape.iter().product::<usize>();
-    let images = (0..len)
-        .map(|i| (((i * 7919 + seed * 104_729) % 2001) as f32 / 1000.0) - 1.0)
-        .collect();
-    HostBatch {
-        images,
-        shape,
-        labels: (0..n).map(|i| ((i + seed) % classes) as i64).collect(),
-        skipped: Vec::new(),
     }
 }
 

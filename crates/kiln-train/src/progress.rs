@@ -1,13 +1,20 @@
 //! Watching a run: a progress bar per epoch on a terminal (loss, learning rate, images/s, ETA),
-//! plain lines elsewhere; running-loss lines every `print_every` iterations; an epoch summary.
+//! plain lines elsewhere; running-loss lines every `print_every` iterations and at the first;
+//! an epoch summary. On a GPU, a notice that kernels are being compiled, and a heartbeat every
+//! 15 s until the first step ends, so that a long first compile never looks like a hang.
 
 use std::io::IsTerminal;
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::engine::{Event, Observer};
 use crate::plan;
+
+/// How often the heartbeat speaks while the first step runs.
+const HEARTBEAT: Duration = Duration::from_secs(15);
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -17,25 +24,70 @@ pub struct Console {
     terminal: bool,
     /// Model replicas of the run, for the images/s per device.
     replicas: usize,
-    /// Loss summed over the iterations since the last running-loss line.
-    window_loss: f64,
-    window_steps: usize,
+    /// Images since the last running-loss line.
     window_images: usize,
-    window_start: Instant,
+    /// Whether the device compiles kernels on first use (CUDA, wgpu).
+    compiles_kernels: bool,
+    heartbeat: Option<Heartbeat>,
+}
+
+/// A thread that says every 15 s that the first step is still running.
+struct Heartbeat {
+    stopped: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Heartbeat {
+    fn start() -> Self {
+        let stopped = Arc::new((Mutex::new(false), Condvar::new()));
+        let flag = stopped.clone();
+        let start = Instant::now();
+        let thread = std::thread::Builder::new()
+            .name("kiln-heartbeat".into())
+            .spawn(move || {
+                let (lock, wake) = &*flag;
+                let mut done = lock.lock().unwrap_or_else(|e| e.into_inner());
+                while !*done {
+                    let (guard, timeout) = wake
+                        .wait_timeout(done, HEARTBEAT)
+                        .unwrap_or_else(|e| e.into_inner());
+                    done = guard;
+                    if !*done && timeout.timed_out() {
+                        eprintln!(
+                            "still compiling and tuning GPU kernels for the first step ({} s so far)",
+                            start.elapsed().as_secs()
+                        );
+                    }
+                }
+            })
+            .ok();
+        Self { stopped, thread }
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        let (lock, wake) = &*self.stopped;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        wake.notify_all();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl Console {
-    /// Bars when standard error is a terminal, lines otherwise.
-    pub fn new(print_every: usize) -> Self {
+    /// Bars when standard error is a terminal, lines otherwise. `compiles_kernels`: the device
+    /// compiles its kernels on first use (a GPU), which the first step then includes.
+    pub fn new(print_every: usize, compiles_kernels: bool) -> Self {
         Self {
             print_every: print_every.max(1),
             bar: None,
             terminal: std::io::stderr().is_terminal(),
             replicas: 1,
-            window_loss: 0.0,
-            window_steps: 0,
             window_images: 0,
-            window_start: Instant::now(),
+            compiles_kernels,
+            heartbeat: None,
         }
     }
 
@@ -86,7 +138,6 @@ impl Observer for Console {
                     "training{devices} on {train_images} images ({iterations_per_epoch} iterations an epoch), {val}; run directory {}",
                     run_dir.display()
                 ));
-                self.window_start = Instant::now();
             }
             Event::Planned {
                 batch_size,
@@ -111,36 +162,56 @@ impl Observer for Console {
                 });
                 self.line(format!("{batch}{share}{estimate}{budget}"));
             }
+            Event::FirstStep => {
+                if self.compiles_kernels {
+                    self.line(
+                        "compiling GPU kernels (the first run on this device takes longer; later runs reuse them)"
+                            .into(),
+                    );
+                    self.heartbeat = Some(Heartbeat::start());
+                }
+            }
             Event::Iteration {
                 epoch,
                 epochs,
                 batch,
                 batches,
                 iteration,
-                loss,
                 lr,
                 images,
+                loss,
             } => {
-                self.window_loss += loss;
-                self.window_steps += 1;
                 self.window_images += images;
-                let rate =
-                    self.window_images as f64 / self.window_start.elapsed().as_secs_f64().max(1e-9);
                 if self.terminal {
                     let bar = self.bar_for(epoch, epochs, batches);
                     bar.set_position(batch as u64);
-                    bar.set_message(format!("loss {loss:.4} lr {lr:.2e} {rate:.0} img/s"));
+                    if let Some(reading) = loss {
+                        bar.set_message(format!("loss {:.4} lr {lr:.2e}", reading.loss));
+                    }
                 }
-                if iteration % self.print_every == 0 {
-                    let mean = self.window_loss / self.window_steps as f64;
+                let Some(reading) = loss else {
+                    return;
+                };
+                self.heartbeat = None;
+                let rate = self.window_images as f64 / reading.seconds.max(1e-9);
+                self.window_images = 0;
+                if iteration == 1 {
+                    let compiling = match self.compiles_kernels {
+                        true => ", kernel compilation included",
+                        false => "",
+                    };
                     self.line(format!(
-                        "[epoch {}, iteration {iteration}] running loss {mean:.4}, lr {lr:.3e}, {rate:.0} img/s",
-                        epoch + 1
+                        "[epoch {}, iteration 1] loss {:.4}, lr {lr:.3e}; the first step took {:.1} s{compiling}",
+                        epoch + 1,
+                        reading.loss,
+                        reading.seconds
                     ));
-                    self.window_loss = 0.0;
-                    self.window_steps = 0;
-                    self.window_images = 0;
-                    self.window_start = Instant::now();
+                } else if iteration % self.print_every == 0 {
+                    self.line(format!(
+                        "[epoch {}, iteration {iteration}] running loss {:.4}, lr {lr:.3e}, {rate:.0} img/s",
+                        epoch + 1,
+                        reading.loss
+                    ));
                 }
             }
             Event::Skipped(error) => self.line(format!("warning: skipped an image: {error}")),

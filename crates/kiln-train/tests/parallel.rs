@@ -13,8 +13,11 @@ use std::sync::atomic::AtomicBool;
 use burn::backend::Flex;
 use burn::tensor::backend::Backend;
 use common::{B, flat_parameters, take_turn, train_on_cpu};
+use kiln_data::HostBatch;
 use kiln_models::weights;
-use kiln_train::engine::build_model;
+use kiln_train::optim::AnyOptimizer;
+use kiln_train::parallel::{Placement, Replicas};
+use kiln_train::step::{build_model, loss_function};
 use kiln_train::{Outcome, RunDir, Silent, TrainConfig};
 
 const CONFIG: &str = r#"
@@ -165,4 +168,53 @@ fn with_sync_bn_a_batch_that_leaves_a_replica_empty_runs_unsynced() {
     // than the 2e-5 of longer batches, far below what a wrong update moves.
     let difference = max_difference(&one, &two);
     assert!(difference < 1e-4, "the parameters differ by {difference}");
+}
+
+#[test]
+fn a_replica_that_fails_ends_the_step_with_its_error_while_the_other_waits_for_it() {
+    let _turn = take_turn();
+    let runs = tempfile::tempdir().unwrap();
+    let config = config(runs.path(), &[]);
+    let device = Default::default();
+    let model = build_model::<B>(&config.model, 3, &device).unwrap();
+    let placement = Placement {
+        devices: vec![device.clone(); 2],
+        cluster: None,
+    };
+    let optimizer = config.optimizer.clone();
+    let mut replicas = Replicas::new(
+        model,
+        move || AnyOptimizer::new(&optimizer),
+        |device| loss_function::<B>(&config, device),
+        &placement,
+        false,
+    )
+    .unwrap();
+    let batch = || HostBatch {
+        images: vec![0.5; 4 * 3 * 8 * 8],
+        shape: [4, 3, 8, 8],
+        labels: vec![0, 1, 2, 0],
+        skipped: Vec::new(),
+    };
+    // One healthy step, then replica 1 fails while replica 0 goes into the gradients'
+    // all-reduce, where it would wait for replica 1 for ever.
+    replicas.load(vec![batch()]).unwrap();
+    replicas.step(0.1).unwrap();
+    assert_eq!(replicas.take_stats().unwrap().len(), 1);
+    replicas.load(vec![batch()]).unwrap();
+    replicas.inject_failure(1, "device lost").unwrap();
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(replicas.step(0.1).map(|_| ()));
+    });
+    // A guard against a hang, not a speed check: the failure must arrive, not time out.
+    let error = result
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the step hung instead of ending with the failed replica's error")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("replica 1") && error.contains("device lost"),
+        "{error}"
+    );
 }

@@ -1,0 +1,93 @@
+//! Where cubecl keeps what it compiles and tunes, so that a second run on the same machine
+//! compiles and tunes nothing it did before. cubecl keeps neither by default in a place that
+//! outlives a checkout: compiled kernels not at all, autotune results beside the nearest
+//! `Cargo.toml`. kiln puts both in its cache folder, per backend and device model (the compiled
+//! kernels' keys do not include the GPU), unless the user's own `cubecl.toml` says otherwise.
+
+use std::path::{Path, PathBuf};
+
+/// What kernel caching a run uses.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KernelCache {
+    /// kiln's: compiled kernels and autotune results under this folder.
+    Kiln(PathBuf),
+    /// The user's `cubecl.toml` (or `burn.toml`) in force here decides.
+    User(PathBuf),
+    /// A CPU backend compiles nothing.
+    None,
+}
+
+/// The folder for `backend` on `device` under kiln's cache `root`.
+pub fn folder(root: &Path, backend: &str, device: &str) -> PathBuf {
+    let device: String = device
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    root.join("kernels")
+        .join(format!("{backend}-{}", device.trim_matches('-')))
+}
+
+/// The cubecl config file that cubecl itself would read from `dir` (it looks in the working
+/// directory and each parent).
+pub fn user_config(dir: &Path) -> Option<PathBuf> {
+    let names = ["cubecl.toml", "CubeCL.toml", "burn.toml", "Burn.toml"];
+    dir.ancestors()
+        .flat_map(|d| names.iter().map(move |n| d.join(n)))
+        .find(|p| p.is_file())
+}
+
+/// Sets cubecl's caches to `folder` before any GPU device is created (cubecl reads its config
+/// once, on first use), keeping the environment's overrides (`CUBECL_DEBUG_LOG`, ...).
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub fn configure(folder: PathBuf) -> KernelCache {
+    use cubecl_runtime::config::cache::CacheConfig;
+    use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
+
+    let here = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    if let Some(file) = user_config(&here) {
+        return KernelCache::User(file);
+    }
+    if CubeClRuntimeConfig::storage().lock().is_some() {
+        // Already read (an earlier run in this process): it keeps what it had.
+        return KernelCache::Kiln(folder);
+    }
+    let mut config = CubeClRuntimeConfig::default();
+    config.compilation.cache = Some(CacheConfig::File(folder.clone()));
+    config.autotune.cache = CacheConfig::File(folder.clone());
+    CubeClRuntimeConfig::set(config.override_from_env());
+    KernelCache::Kiln(folder)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_device_model_gets_its_own_folder() {
+        let root = Path::new("/cache/kiln");
+        assert_eq!(
+            folder(root, "cuda", "NVIDIA H200"),
+            Path::new("/cache/kiln/kernels/cuda-nvidia-h200")
+        );
+        assert_eq!(
+            folder(root, "wgpu", "llvmpipe (LLVM 15.0.6, 256 bits)"),
+            Path::new("/cache/kiln/kernels/wgpu-llvmpipe--llvm-15-0-6--256-bits")
+        );
+    }
+
+    #[test]
+    fn a_cubecl_toml_above_the_working_directory_is_the_users() {
+        let dir = tempfile::tempdir().unwrap();
+        let deep = dir.path().join("a/b");
+        std::fs::create_dir_all(&deep).unwrap();
+        assert_eq!(user_config(&deep), None);
+        std::fs::write(dir.path().join("a/cubecl.toml"), "").unwrap();
+        assert_eq!(user_config(&deep), Some(dir.path().join("a/cubecl.toml")));
+    }
+}

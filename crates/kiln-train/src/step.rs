@@ -1,0 +1,266 @@
+//! The training step, and what it needs: the model, the loss, the count of correct predictions.
+//! `kiln train` runs [`Replica::step`] on every device, and `kiln bench`, `kiln compare` and
+//! `kiln plan --measure` time, check and measure that same function.
+//!
+//! A step leaves its loss and its count of correct predictions on the device: nothing is read
+//! back between the forward pass and the optimizer's update, so a GPU's queue never runs dry
+//! waiting for the host. [`Replica::take_stats`] reads the figures of every step since the
+//! last read in one transfer, when the loop wants them (every `print_every` iterations and at
+//! the end of an epoch).
+
+use std::path::PathBuf;
+
+use burn::collective::PeerId;
+use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor};
+use kiln_models::pretrained;
+use kiln_models::weights;
+use kiln_models::{Precision, ResNet};
+
+use crate::batch::DeviceBatch;
+use crate::collective::{all_reduce_gradients, sum_over_peers};
+use crate::config::{ModelSection, TrainConfig};
+use crate::error::{ParallelError, TrainError};
+use crate::optim::AnyOptimizer;
+use crate::scaler::LossScaler;
+
+/// The ResNet of the model section, with pretrained weights if asked for. A pretrained
+/// classifier for another class count is left out, so fine-tuning starts with a fresh `fc`.
+pub fn build_model<B: Backend>(
+    section: &ModelSection,
+    data_classes: usize,
+    device: &B::Device,
+) -> Result<ResNet<B>, TrainError> {
+    let config = section.resnet(data_classes)?;
+    let model = config.init::<B>(device)?;
+    let path = match section.pretrained.as_deref() {
+        None => return Ok(model),
+        Some("torchvision") => {
+            pretrained::torchvision_weights(config.depth, &pretrained::cache_dir(), true)?
+        }
+        Some(path) => PathBuf::from(path),
+    };
+    let (model, _report) = weights::load(model, &path)?;
+    Ok(model)
+}
+
+/// Cross-entropy with the config's label smoothing.
+pub fn loss_function<B: Backend>(config: &TrainConfig, device: &B::Device) -> CrossEntropyLoss<B> {
+    let smoothing = config.loss.label_smoothing;
+    CrossEntropyLossConfig::new()
+        .with_smoothing((smoothing > 0.0).then_some(smoothing as f32))
+        .init(device)
+}
+
+/// How many rows of `logits` have their largest value at `labels`, on the device.
+pub fn count_correct<B: Backend>(
+    logits: Tensor<B, 2>,
+    labels: Tensor<B, 1, Int>,
+) -> Tensor<B, 1, Int> {
+    let predicted = logits.argmax(1).flatten::<1>(0, 1);
+    predicted.equal(labels).int().sum()
+}
+
+/// How one step is shared out: the images of the step on all replicas of the run (each loss is
+/// weighted by its share of them, so that the summed gradient is that of the mean loss), and
+/// when there are other replicas, this one's peer and whether batch norm syncs with them.
+#[derive(Debug, Clone)]
+pub struct StepPlan {
+    pub images: usize,
+    pub peer: Option<PeerId>,
+    /// With `sync_bn`, per batch of the step: the batch's images on all replicas, when every
+    /// replica has some (a sum over replicas waits for all of them); `None` runs it unsynced.
+    pub sync_bn: Vec<Option<usize>>,
+}
+
+impl StepPlan {
+    /// A step on one device, alone.
+    pub fn alone(images: usize) -> Self {
+        Self {
+            images,
+            peer: None,
+            sync_bn: Vec::new(),
+        }
+    }
+}
+
+/// What the steps since the last read saw on this replica, read back to the host.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepStats {
+    /// The step's images on all replicas.
+    pub images: usize,
+    /// This replica's loss summed over its images.
+    pub loss_sum: f64,
+    /// This replica's correct predictions.
+    pub correct: usize,
+}
+
+/// One batch's loss and correct count, still on the device.
+struct Pending<B: Backend> {
+    images: usize,
+    loss: Tensor<B, 1>,
+    correct: Tensor<B, 1, Int>,
+}
+
+/// One model on one device with its optimizer: what a training step changes.
+pub struct Replica<B: AutodiffBackend> {
+    model: Option<ResNet<B>>,
+    pub optimizer: AnyOptimizer<ResNet<B>, B>,
+    /// f16 training's loss scaling; every replica makes the same decisions, from the same
+    /// all-reduced gradients.
+    pub scaler: Option<LossScaler>,
+    loss_fn: CrossEntropyLoss<B>,
+    pub device: B::Device,
+    /// Per step since the last read: the step's images on all replicas and its batches.
+    pending: Vec<(usize, Vec<Pending<B::InnerBackend>>)>,
+}
+
+impl<B: AutodiffBackend> Replica<B> {
+    pub fn new(
+        model: ResNet<B>,
+        optimizer: AnyOptimizer<ResNet<B>, B>,
+        loss_fn: CrossEntropyLoss<B>,
+        device: B::Device,
+    ) -> Self {
+        Self {
+            scaler: (model.precision == Precision::F16).then(LossScaler::default),
+            model: Some(model),
+            optimizer,
+            loss_fn,
+            device,
+            pending: Vec::new(),
+        }
+    }
+
+    pub fn model(&self) -> &ResNet<B> {
+        self.model
+            .as_ref()
+            .expect("a replica holds its model between steps")
+    }
+
+    /// Replaces the model and optimizer state (a resumed checkpoint).
+    pub fn replace(&mut self, model: ResNet<B>, optimizer: AnyOptimizer<ResNet<B>, B>) {
+        self.model = Some(model);
+        self.optimizer = optimizer;
+    }
+
+    /// Takes the model and optimizer out (to restore a checkpoint into them).
+    pub fn take(
+        &mut self,
+        new_optimizer: AnyOptimizer<ResNet<B>, B>,
+    ) -> (ResNet<B>, AnyOptimizer<ResNet<B>, B>) {
+        let model = self.model.take().expect("a replica holds its model");
+        (model, std::mem::replace(&mut self.optimizer, new_optimizer))
+    }
+
+    /// One optimizer step over `batches` (one, or `accumulate` of them): for each, forward, loss
+    /// weighted by its share of the step's images, backward; the gradients summed (only when
+    /// there are several), all-reduced with the other replicas, then the update. Reads nothing
+    /// from the device (f16's overflow check, after the backward pass, aside).
+    pub fn step(
+        &mut self,
+        batches: Vec<DeviceBatch<B>>,
+        plan: &StepPlan,
+        lr: f64,
+    ) -> Result<(), ParallelError> {
+        let model = self
+            .model
+            .take()
+            .expect("a replica holds its model between steps");
+        let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale);
+        let mut grads: Option<GradientsParams> = None;
+        let mut accumulator: Option<GradientsAccumulator<ResNet<B>>> = None;
+        let mut pending = Vec::with_capacity(batches.len());
+        for (index, batch) in batches.into_iter().enumerate() {
+            let n = batch.len();
+            if n == 0 {
+                continue;
+            }
+            let synced = (plan.peer, plan.sync_bn.get(index).copied().flatten());
+            let logits = match synced {
+                (Some(peer), Some(images)) => kiln_models::synchronized(
+                    move |x: Tensor<B, 2>| sum_over_peers(x, peer),
+                    images,
+                    || model.forward(batch.images),
+                ),
+                _ => model.forward(batch.images),
+            };
+            let correct = count_correct(logits.clone().inner(), batch.labels.clone().inner());
+            let loss = self.loss_fn.forward(logits, batch.labels);
+            pending.push(Pending {
+                images: n,
+                loss: loss.clone().inner(),
+                correct,
+            });
+            let share = n as f64 / plan.images as f64;
+            let batch_grads =
+                GradientsParams::from_grads((loss * (share * scale)).backward(), &model);
+            // A gradient sum only when a step has several batches (`accumulate` > 1).
+            match (grads.take(), accumulator.as_mut()) {
+                (None, None) => grads = Some(batch_grads),
+                (first, _) => {
+                    let sum = accumulator.get_or_insert_with(GradientsAccumulator::new);
+                    if let Some(first) = first {
+                        sum.accumulate(&model, first);
+                    }
+                    sum.accumulate(&model, batch_grads);
+                }
+            }
+        }
+        let mut grads = match accumulator {
+            Some(mut sum) => Some(sum.grads()),
+            None => grads,
+        };
+        if let Some(peer) = plan.peer {
+            // A replica without images this step sends zeros, so every peer makes the same calls.
+            let local = grads.unwrap_or_else(GradientsParams::new);
+            grads = Some(all_reduce_gradients(&model, local, peer)?);
+        }
+        if let Some(scaler) = &mut self.scaler {
+            grads = grads.and_then(|g| scaler.unscale(&model, g));
+        }
+        self.model = Some(match grads {
+            Some(grads) if plan.images > 0 => self.optimizer.step(lr, model, grads),
+            // No images this step, or f16 gradients that overflowed: no update.
+            _ => model,
+        });
+        self.pending.push((plan.images, pending));
+        Ok(())
+    }
+
+    /// The figures of every step since the last call, in one read from the device.
+    pub fn take_stats(&mut self) -> Vec<StepStats> {
+        let steps = std::mem::take(&mut self.pending);
+        let tensors: Vec<Tensor<B::InnerBackend, 1>> = steps
+            .iter()
+            .flat_map(|(_, batches)| batches)
+            .flat_map(|b| [b.loss.clone(), b.correct.clone().float()])
+            .collect();
+        let values: Vec<f32> = match tensors.is_empty() {
+            true => Vec::new(),
+            false => Tensor::cat(tensors, 0)
+                .into_data()
+                .convert::<f32>()
+                .to_vec()
+                .expect("an f32 vector"),
+        };
+        let mut values = values.chunks(2);
+        steps
+            .into_iter()
+            .map(|(images, batches)| {
+                let mut stats = StepStats {
+                    images,
+                    ..StepStats::default()
+                };
+                for batch in batches {
+                    let pair = values.next().expect("two values per batch");
+                    stats.loss_sum += f64::from(pair[0]) * batch.images as f64;
+                    stats.correct += pair[1] as usize;
+                }
+                stats
+            })
+            .collect()
+    }
+}

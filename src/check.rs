@@ -79,6 +79,9 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
         seed: 7,
     };
     let backends = parse_backends(&args.backends)?;
+    // Kernels tuned for this comparison's shapes only, in a cache that goes with the process.
+    let kernels = std::env::temp_dir().join(format!("kiln-compare-kernels-{}", std::process::id()));
+    kiln_backend::configure_private_kernel_cache(kernels.clone());
     let reference = match &args.reference {
         Some(name) => parse_backend(name)?,
         None => backends[0],
@@ -148,6 +151,7 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
         results.push(serde_json::json!({ "backend": backend.name(), "result": outcome }));
     }
     let _ = std::fs::remove_file(&weights);
+    let _ = std::fs::remove_dir_all(&kernels);
     if let Some(path) = &args.json {
         let json = serde_json::json!({ "reference": reference.name(), "backends": results });
         std::fs::write(path, serde_json::to_string_pretty(&json)?)
@@ -203,7 +207,6 @@ fn capture_on(
         Ok(resolved) => resolved,
         Err(why) => return Outcome::Skipped(why.to_string()),
     };
-    kiln_backend::configure_kernel_cache(&resolved);
     let task = SaveAndCapture {
         spec: spec.clone(),
         weights: weights.to_path_buf(),

@@ -248,6 +248,9 @@ pub fn warmup(
 ) -> anyhow::Result<KernelCache> {
     let resolved = resolve(backend, devices, &probe())?;
     let cache = configure_kernel_cache(&resolved);
+    if cache == KernelCache::None {
+        return Ok(cache);
+    }
     let available = MemoryMeter::for_device(&resolved).available();
     let config = eval_batch_size(config, available);
     let plan = Plan::new(&config, resolved.devices.len())?;

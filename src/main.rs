@@ -155,7 +155,7 @@ fn install_logger() {
 /// backtrace dump. A panic on a GPU runtime's thread ends the process: cubecl catches it there
 /// and only logs it, and whoever waits for that thread's answer would wait for ever.
 fn install_panic_hook() {
-    let quiet = std::env::var_os("RUST_BACKTRACE").is_some();
+    let backtrace = std::env::var_os("RUST_BACKTRACE").is_some();
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         let thread = std::thread::current();
@@ -171,7 +171,7 @@ fn install_panic_hook() {
             return;
         }
         let runtime = kiln_train::panics::is_runtime_thread(name);
-        if quiet {
+        if backtrace {
             default(info);
         } else if runtime {
             eprintln!(

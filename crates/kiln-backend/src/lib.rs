@@ -5,6 +5,8 @@
 //! ([`resolve`]), and how to call generic code on them ([`run_on`]). Adding a backend means adding
 //! a variant to [`Backend`], a probe, and one line in [`run_on`].
 
+use std::path::PathBuf;
+
 mod choice;
 pub mod cuda_setup;
 mod dispatch;
@@ -48,6 +50,17 @@ pub fn resolve(
         backend,
         devices: devices.into_iter().cloned().collect(),
     })
+}
+
+/// Points cubecl's kernel and autotune caches at `folder` for this process alone (the first
+/// call in a process decides). `kiln compare` checks arithmetic with kernels tuned for its own
+/// shapes only: autotune results cached by other runs have been seen to pick a kernel that is
+/// wrong for a shape of the same tuning key (see README, "Checking the backends agree").
+pub fn configure_private_kernel_cache(folder: PathBuf) -> KernelCache {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    return kernel_cache::configure(folder);
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    KernelCache::Kiln(folder)
 }
 
 /// Points cubecl's kernel and autotune caches at kiln's cache folder for the resolved GPU

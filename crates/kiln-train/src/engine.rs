@@ -206,6 +206,7 @@ fn train_planned<B: AutodiffBackend>(
     });
 
     let mut first_step = true;
+    let mut lr = schedule.lr(position.iteration);
     for epoch in position.epoch..config.epochs {
         let clock = Instant::now();
         memory.reset_peak();
@@ -223,7 +224,7 @@ fn train_planned<B: AutodiffBackend>(
             }
             position.batch += step_batches.batches;
             position.sums.skipped += step_batches.skipped;
-            let lr = schedule.lr(position.iteration);
+            lr = schedule.lr(position.iteration);
             replicas.step(lr)?;
             loaded = load_next(&mut host, config.accumulate, &mut replicas, observer)?;
             if step_batches.images == 0 && placement.cluster.is_none() {
@@ -233,25 +234,21 @@ fn train_planned<B: AutodiffBackend>(
             position.iteration += 1;
             window.steps += 1;
             let stopping = stop.load(Ordering::SeqCst);
+            // The device is read at the first iteration, every print_every, at a stop and at
+            // the end of the epoch; in between, steps queue up on the device unread.
             let read = position.iteration == 1
                 || position.iteration % config.logging.print_every.max(1) == 0
                 || stopping
                 || loaded.is_none();
-            let reading = match read {
-                true => Some(read_window(
-                    &mut replicas,
-                    &mut window,
-                    &mut position,
-                    epoch,
-                    lr,
-                    run,
-                )?),
-                false => None,
-            };
-            if read {
+            let reading = if read {
+                let reading =
+                    read_window(&mut replicas, &mut window, &mut position, epoch, lr, run)?;
                 sample_memory(memory, &mut replicas)?;
                 check_max_memory(config, limits, memory, in_use_before_model)?;
-            }
+                Some(reading)
+            } else {
+                None
+            };
             observer.event(Event::Iteration {
                 epoch,
                 epochs: config.epochs,
@@ -274,7 +271,7 @@ fn train_planned<B: AutodiffBackend>(
 
         if window.steps > 0 {
             // The epoch's last steps were all skipped images: what came before is still unread.
-            read_window(&mut replicas, &mut window, &mut position, epoch, 0.0, run)?;
+            read_window(&mut replicas, &mut window, &mut position, epoch, lr, run)?;
         }
         let model = replicas.model()?;
         let validation = match &val_loader {

@@ -35,18 +35,9 @@ pub fn measure<B: AutodiffBackend>(
     device: &B::Device,
     memory: &mut MemoryMeter,
 ) -> Result<Option<Measured>, TrainError> {
-    let mut section = config.model.clone();
-    section.pretrained = None;
     memory.reset_peak();
     let before = memory.current();
-    let model =
-        build_model::<B>(&section, plan.classes, device)?.with_precision(config.precision());
-    let mut replica = Replica::new(
-        model,
-        AnyOptimizer::new(&config.optimizer),
-        loss_function::<B>(config, device),
-        device.clone(),
-    );
+    let mut replica = fresh_replica::<B>(config, plan, device)?;
     let clock = Instant::now();
     for step in 0..steps {
         let batches = (0..config.accumulate)
@@ -70,6 +61,25 @@ pub fn measure<B: AutodiffBackend>(
         peak_bytes: peak.saturating_sub(before),
         seconds_per_step,
     }))
+}
+
+/// The config's model (without pretrained weights: their values do not matter here), optimizer
+/// and loss on `device`.
+fn fresh_replica<B: AutodiffBackend>(
+    config: &TrainConfig,
+    plan: &Plan,
+    device: &B::Device,
+) -> Result<Replica<B>, TrainError> {
+    let mut section = config.model.clone();
+    section.pretrained = None;
+    let model =
+        build_model::<B>(&section, plan.classes, device)?.with_precision(config.precision());
+    Ok(Replica::new(
+        model,
+        AnyOptimizer::new(&config.optimizer),
+        loss_function::<B>(config, device),
+        device.clone(),
+    ))
 }
 
 /// A host batch of `n` images with values spread like normalized pixels.
@@ -99,16 +109,7 @@ pub fn warm_up<B: AutodiffBackend>(
     device: &B::Device,
     mut progress: impl FnMut(&str),
 ) -> Result<(), TrainError> {
-    let mut section = config.model.clone();
-    section.pretrained = None;
-    let model =
-        build_model::<B>(&section, plan.classes, device)?.with_precision(config.precision());
-    let mut replica = Replica::new(
-        model,
-        AnyOptimizer::new(&config.optimizer),
-        loss_function::<B>(config, device),
-        device.clone(),
-    );
+    let mut replica = fresh_replica::<B>(config, plan, device)?;
     for (i, &n) in sizes.train.iter().enumerate() {
         progress(&format!("training step, {n} images"));
         let batch = to_device(random_batch(n, plan.input, plan.classes, i), device);

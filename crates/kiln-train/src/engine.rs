@@ -575,6 +575,9 @@ pub struct Evaluation {
     pub skipped: usize,
 }
 
+/// Evaluation's loss sum, top-1 and top-5 counts, on the device.
+type EvaluationSums<B> = (Tensor<B, 1>, Tensor<B, 1, Int>, Tensor<B, 1, Int>);
+
 /// Runs `model` over every batch of `loader` (epoch 0: the order, and any augmentation, of a
 /// validation loader is fixed).
 pub fn evaluate<B: Backend>(
@@ -584,7 +587,7 @@ pub fn evaluate<B: Backend>(
 ) -> Result<Evaluation, DataError> {
     let loss_fn = CrossEntropyLossConfig::new().init(device);
     // Sums stay on the device until the end: one read for the whole pass.
-    let mut sums: Option<(Tensor<B, 1>, Tensor<B, 1, Int>, Tensor<B, 1, Int>)> = None;
+    let mut sums: Option<EvaluationSums<B>> = None;
     let (mut images, mut skipped) = (0, 0);
     for batch in Uploaded::<B, _>::new(loader.epoch(0), device.clone()) {
         let batch = batch?;

@@ -178,7 +178,7 @@ fn a_replica_that_fails_ends_the_step_with_its_error_while_the_other_waits_for_i
     let device = Default::default();
     let model = build_model::<B>(&config.model, 3, &device).unwrap();
     let placement = Placement {
-        devices: vec![device.clone(); 2],
+        devices: vec![device; 2],
         cluster: None,
     };
     let optimizer = config.optimizer.clone();

@@ -147,7 +147,7 @@ fn a_training_step_reads_nothing_and_its_figures_come_back_in_one_read() {
     let mut sgd = OptimizerConfig::sgd(0.1);
     sgd.momentum = 0.9;
     let loss = CrossEntropyLossConfig::new().init(&device);
-    let mut replica = Replica::new(model, AnyOptimizer::new(&sgd), loss, device.clone());
+    let mut replica = Replica::new(model, AnyOptimizer::new(&sgd), loss, device);
     let batch = |seed: usize| HostBatch {
         images: (0..4 * 3 * 8 * 8)
             .map(|i| ((i * 31 + seed * 7) % 17) as f32 / 8.0 - 1.0)

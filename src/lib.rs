@@ -77,9 +77,19 @@ impl BackendTask for Train {
             &mut console,
             &self.stop,
         )?;
-        if let Outcome::Finished { last, model } = &outcome {
-            let text =
-                kiln_train::run_dir::summary_text(&self.config, &self.run, last.as_ref(), model);
+        if let Outcome::Finished {
+            last,
+            model,
+            early_stop,
+        } = &outcome
+        {
+            let text = kiln_train::run_dir::summary_text(
+                &self.config,
+                &self.run,
+                last.as_ref(),
+                model,
+                early_stop.as_ref().map(ToString::to_string).as_deref(),
+            );
             self.run
                 .write_summary(&text)
                 .map_err(|source| TrainError::Io {
@@ -149,7 +159,8 @@ impl BackendTask for Eval {
         let classes = val.dataset().classes().len();
         let model = build_model::<B>(&self.config.model, classes, &device)?;
         let (model, _) = weights::load(model, &self.weights)?;
-        Ok(kiln_train::evaluate(&model.valid(), &val, &device)?)
+        let tta = self.config.eval.tta;
+        Ok(kiln_train::evaluate(&model.valid(), &val, &device, tta)?)
     }
 }
 

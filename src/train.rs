@@ -105,6 +105,11 @@ pub struct EvalArgs {
     #[arg(long)]
     weights: Option<PathBuf>,
 
+    /// Test-time augmentation: `hflip` averages each image's softmax with its mirror's
+    /// (as `--set eval.tta=\"hflip\"`).
+    #[arg(long)]
+    tta: Option<String>,
+
     #[command(flatten)]
     options: ConfigOptions,
 }
@@ -169,7 +174,10 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
+pub fn run_eval(mut args: EvalArgs) -> anyhow::Result<()> {
+    if let Some(tta) = &args.tta {
+        args.options.overrides.push(format!("eval.tta = {tta:?}"));
+    }
     let (config, weights) = match (&args.run, &args.config, &args.weights) {
         (Some(dir), _, weights) => {
             let run = RunDir::open(dir);
@@ -189,11 +197,15 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         n => format!(", {n} images skipped"),
     };
     println!(
-        "{} images: loss {:.4}, top-1 {:.2}%, top-5 {:.2}%{skipped}",
+        "{} images: loss {:.4}, top-1 {:.2}%, top-5 {:.2}%{skipped}{}",
         result.images,
         result.loss,
         result.top1 * 100.0,
-        result.top5 * 100.0
+        result.top5 * 100.0,
+        match config.eval.tta {
+            kiln_train::config::Tta::None => "",
+            kiln_train::config::Tta::Hflip => " (each image averaged with its mirror)",
+        }
     );
     Ok(())
 }

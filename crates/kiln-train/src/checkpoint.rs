@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use kiln_models::ResNet;
 use serde::{Deserialize, Serialize};
 
@@ -51,6 +51,10 @@ pub struct Position {
     /// f16 training's loss scale and its count of good steps.
     #[serde(default)]
     pub loss_scale: Option<LossScaler>,
+    /// The weights' average's updates since its last reset (`Ema::averaged`), where the run
+    /// keeps one; the average itself is the checkpoint's `ema` file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ema_averaged: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -60,6 +64,13 @@ pub struct EpochSums {
     pub seen: usize,
     pub skipped: usize,
     pub seconds: f64,
+    /// The gradient norms before clipping (where clipping is on): their sum, largest and count.
+    #[serde(default)]
+    pub grad_norm_sum: f64,
+    #[serde(default)]
+    pub grad_norm_max: f64,
+    #[serde(default)]
+    pub grad_norm_steps: usize,
 }
 
 fn recorder() -> NamedMpkFileRecorder<FullPrecisionSettings> {
@@ -67,6 +78,7 @@ fn recorder() -> NamedMpkFileRecorder<FullPrecisionSettings> {
 }
 
 const STATE: &str = "state.json";
+const EMA: &str = "ema";
 
 /// Writes a checkpoint named `name` in `dir`.
 pub fn save<B: AutodiffBackend>(
@@ -74,6 +86,7 @@ pub fn save<B: AutodiffBackend>(
     name: &str,
     model: &ResNet<B>,
     optimizer: &AnyOptimizer<ResNet<B>, B>,
+    ema: Option<&ResNet<B::InnerBackend>>,
     position: &Position,
 ) -> Result<PathBuf, CheckpointError> {
     let target = dir.join(name);
@@ -88,6 +101,11 @@ pub fn save<B: AutodiffBackend>(
         optimizer
             .save(&staging.join("optimizer"))
             .map_err(|e| e.to_string())?;
+        if let Some(ema) = ema {
+            ema.clone()
+                .save_file(staging.join(EMA), &recorder())
+                .map_err(|e| e.to_string())?;
+        }
         let state = serde_json::to_vec_pretty(position).map_err(|e| e.to_string())?;
         std::fs::write(staging.join(STATE), state).map_err(|e| e.to_string())?;
         let _ = std::fs::remove_dir_all(&target);
@@ -149,6 +167,26 @@ pub fn load<B: AutodiffBackend>(
         .load(&path.join("optimizer"), device)
         .map_err(|e| read(e.to_string()))?;
     Ok((model, optimizer))
+}
+
+/// Loads the weights' average of the checkpoint at `path` into `average`; `None` when the
+/// checkpoint has none (written by a run without `[ema]`).
+pub fn load_ema<B: Backend>(
+    path: &Path,
+    average: ResNet<B>,
+    device: &B::Device,
+) -> Result<Option<ResNet<B>>, CheckpointError> {
+    let file = path.join(EMA);
+    if !file.with_extension("mpk").exists() {
+        return Ok(None);
+    }
+    average
+        .load_file(file, &recorder(), device)
+        .map(Some)
+        .map_err(|e| CheckpointError::Read {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })
 }
 
 /// Removes all but the `keep_last` most recent checkpoints and the one named `keep`.

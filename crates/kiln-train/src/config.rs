@@ -74,6 +74,15 @@ pub struct TrainConfig {
     pub checkpoints: CheckpointSection,
     #[serde(default)]
     pub logging: LoggingSection,
+    /// A moving average of the weights, validated beside them (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ema: Option<EmaSection>,
+    /// How `kiln eval` evaluates.
+    #[serde(default)]
+    pub eval: EvalSection,
+    /// Stop once a validation metric stops improving (absent: run every epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_stopping: Option<EarlyStoppingSection>,
 }
 
 /// `batch_size`: a number, or `"auto"` for the largest power of two that fits the device.
@@ -311,6 +320,12 @@ pub struct OptimizerConfig {
     pub betas: [f64; 2],
     #[serde(default = "default_eps")]
     pub eps: f64,
+    /// `torch.nn.utils.clip_grad_norm_(max_norm=...)` on every step's gradients.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_grad_norm: Option<f64>,
+    /// `torch.nn.utils.clip_grad_value_(clip_value=...)` on every step's gradients.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_grad_value: Option<f64>,
 }
 
 fn default_betas() -> [f64; 2] {
@@ -347,6 +362,8 @@ impl OptimizerConfig {
             weight_decay: None,
             betas: default_betas(),
             eps: default_eps(),
+            clip_grad_norm: None,
+            clip_grad_value: None,
         }
     }
 
@@ -410,6 +427,40 @@ impl Default for ScheduleConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct LossConfig {
     pub label_smoothing: f64,
+    /// `CrossEntropyLoss(weight=...)`: a weight per class, or `"balanced"` for scikit-learn's
+    /// `n_images / (n_classes * images_of_class)` over the training set. The loss is the
+    /// weighted mean, as PyTorch's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub class_weights: Option<ClassWeights>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ClassWeights {
+    List(Vec<f64>),
+    /// Only `"balanced"`.
+    Named(String),
+}
+
+impl ClassWeights {
+    /// The weight of each class, given how many training images each has (a class without
+    /// images counts as having one, so that every weight stays finite and positive).
+    pub fn resolve(&self, images_per_class: &[usize]) -> Result<Vec<f32>, String> {
+        match self {
+            ClassWeights::List(list) if list.len() != images_per_class.len() => Err(format!(
+                "gives {} weights for {} classes",
+                list.len(),
+                images_per_class.len()
+            )),
+            ClassWeights::List(list) => Ok(list.iter().map(|&w| w as f32).collect()),
+            ClassWeights::Named(_) => {
+                let total: usize = images_per_class.iter().sum();
+                let classes = images_per_class.len() as f64;
+                let weight = |n: usize| (total as f64 / (classes * n.max(1) as f64)) as f32;
+                Ok(images_per_class.iter().map(|&n| weight(n)).collect())
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -452,6 +503,114 @@ impl Default for CheckpointSection {
             every_epochs: 1,
             keep_last: 2,
             keep_best: true,
+        }
+    }
+}
+
+/// `[ema]`: the weights' exponential moving average (see `crate::ema`), with timm's defaults.
+/// `decay` applies per update as given; torchvision's recipe derives its own from the batch
+/// size, `every` and the epochs (`1 - (1 - 0.99998) * batch * every / epochs`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EmaSection {
+    pub decay: f64,
+    /// Optimizer steps between updates.
+    pub every: usize,
+    /// Epochs during which the average only copies the weights.
+    pub warmup_epochs: usize,
+    /// Export the average (`model.safetensors`) and judge the best checkpoint by its top-1.
+    pub export: bool,
+}
+
+impl Default for EmaSection {
+    fn default() -> Self {
+        Self {
+            decay: 0.9998,
+            every: 32,
+            warmup_epochs: 0,
+            export: false,
+        }
+    }
+}
+
+/// `[eval]`: how `kiln eval` evaluates a model.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalSection {
+    /// Test-time augmentation (`kiln eval --tta hflip` sets it too).
+    pub tta: Tta,
+}
+
+/// Test-time augmentation: `"hflip"` averages the softmax of each image and its mirror.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tta {
+    #[default]
+    None,
+    Hflip,
+}
+
+/// `[early_stopping]`, as PyTorch Lightning's `EarlyStopping`: the run ends once `metric` has
+/// not improved by more than `min_delta` for `patience` epochs (see `crate::early_stopping`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EarlyStoppingSection {
+    /// One of [`EarlyStoppingSection::METRICS`].
+    #[serde(default = "default_stopping_metric")]
+    pub metric: String,
+    /// Epochs without an improvement before the run stops.
+    pub patience: usize,
+    /// The least change that counts as an improvement.
+    #[serde(default)]
+    pub min_delta: f64,
+    /// `"max"` or `"min"`; by default the metric's own direction (top-1 up, losses down).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+}
+
+fn default_stopping_metric() -> String {
+    "val_top1".into()
+}
+
+impl EarlyStoppingSection {
+    /// The metrics of `metrics.jsonl` it can watch, and whether higher is better.
+    pub const METRICS: [(&str, bool); 6] = [
+        ("val_top1", true),
+        ("val_top5", true),
+        ("val_loss", false),
+        ("ema_val_top1", true),
+        ("ema_val_top5", true),
+        ("ema_val_loss", false),
+    ];
+
+    pub fn higher_is_better(&self) -> bool {
+        match self.mode.as_deref() {
+            Some(mode) => mode == "max",
+            None => Self::METRICS.contains(&(self.metric.as_str(), true)),
+        }
+    }
+
+    /// What is wrong with the section's values: the key and the problem.
+    pub fn problem(&self) -> Option<(&'static str, String)> {
+        if !Self::METRICS.iter().any(|(name, _)| *name == self.metric) {
+            let names = Self::METRICS.map(|(name, _)| name).join(", ");
+            let problem = format!("must be one of {names}, got \"{}\"", self.metric);
+            return Some(("early_stopping.metric", problem));
+        }
+        if self.patience == 0 {
+            let problem = "must be at least 1 (epochs)".to_string();
+            return Some(("early_stopping.patience", problem));
+        }
+        if !(self.min_delta >= 0.0 && self.min_delta.is_finite()) {
+            let problem = format!("must be 0 or more, got {}", self.min_delta);
+            return Some(("early_stopping.min_delta", problem));
+        }
+        match self.mode.as_deref() {
+            None | Some("max") | Some("min") => None,
+            Some(other) => Some((
+                "early_stopping.mode",
+                format!("must be \"max\" or \"min\", got \"{other}\""),
+            )),
         }
     }
 }
@@ -499,6 +658,9 @@ impl TrainConfig {
             device: DeviceSection::default(),
             checkpoints: CheckpointSection::default(),
             logging: LoggingSection::default(),
+            ema: None,
+            eval: EvalSection::default(),
+            early_stopping: None,
         }
     }
 
@@ -632,6 +794,20 @@ impl TrainConfig {
         if o.eps.is_nan() || o.eps <= 0.0 {
             return invalid("optimizer.eps", format!("must be positive, got {}", o.eps));
         }
+        for (key, value) in [
+            ("optimizer.clip_grad_norm", o.clip_grad_norm),
+            ("optimizer.clip_grad_value", o.clip_grad_value),
+        ] {
+            if let Some(v) = value.filter(|v| !(*v > 0.0 && v.is_finite())) {
+                return invalid(key, format!("must be positive, got {v}"));
+            }
+        }
+        if o.clip_grad_norm.is_some() && o.clip_grad_value.is_some() {
+            return invalid(
+                "optimizer.clip_grad_norm",
+                "and optimizer.clip_grad_value: give one of them (as timm's --clip-mode)".into(),
+            );
+        }
         let factor_ok = s.warmup_start_factor > 0.0 && s.warmup_start_factor <= 1.0;
         if s.warmup_epochs.is_nan() || s.warmup_epochs < 0.0 || !factor_ok {
             return invalid(
@@ -666,11 +842,36 @@ impl TrainConfig {
                 format!("must lie in [0, 1), got {}", self.loss.label_smoothing),
             );
         }
+        match &self.loss.class_weights {
+            Some(ClassWeights::Named(name)) if name != "balanced" => {
+                let problem = format!("must be \"balanced\" or a list of weights, got \"{name}\"");
+                return invalid("loss.class_weights", problem);
+            }
+            Some(ClassWeights::List(list)) if !list.iter().all(|w| *w > 0.0 && w.is_finite()) => {
+                let problem = format!("must all be positive, got {list:?}");
+                return invalid("loss.class_weights", problem);
+            }
+            _ => {}
+        }
         if self.checkpoints.every_epochs == 0 || self.checkpoints.keep_last == 0 {
             return invalid(
                 "checkpoints",
                 "every_epochs and keep_last must be at least 1".into(),
             );
+        }
+        if let Some(ema) = &self.ema {
+            if !(0.0..1.0).contains(&ema.decay) {
+                return invalid(
+                    "ema.decay",
+                    format!("must lie in [0, 1), got {}", ema.decay),
+                );
+            }
+            if ema.every == 0 {
+                return invalid("ema.every", "must be at least 1 (optimizer steps)".into());
+            }
+        }
+        if let Some((key, problem)) = self.early_stopping.as_ref().and_then(|e| e.problem()) {
+            return invalid(key, problem);
         }
         if self.logging.print_every == 0 {
             return invalid("logging.print_every", "must be at least 1".into());

@@ -8,18 +8,21 @@ use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
+use burn::tensor::activation::softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
 use kiln_backend::MemoryMeter;
 use kiln_data::{
-    Batches, DataError, HostBatch, ImageLimits, Loader, LoaderConfig, Pipeline, Shard,
+    Batches, DataError, Dataset, HostBatch, ImageLimits, Loader, LoaderConfig, Pipeline, Shard,
 };
 use kiln_models::weights;
 use kiln_models::{Precision, ResNet, ResNetConfig, Stem};
 
 use crate::batch::Uploaded;
 use crate::checkpoint::{self, EpochSums, Position};
-use crate::config::{BatchSize, TrainConfig};
+use crate::config::{BatchSize, ClassWeights, TrainConfig, Tta};
+use crate::early_stopping::{self, EarlyStop};
+use crate::ema::Ema;
 use crate::error::{TrainError, io_error};
 use crate::optim::AnyOptimizer;
 use crate::panics::{self, OutOfMemory};
@@ -68,6 +71,8 @@ pub enum Event<'a> {
     Epoch(&'a EpochSummary),
     Checkpoint(&'a Path),
     Stopped(&'a Path),
+    /// `[early_stopping]` ended the run before its last epoch.
+    StoppedEarly(&'a EarlyStop),
     Finished {
         model: &'a Path,
     },
@@ -93,12 +98,15 @@ impl Observer for Silent {
     fn event(&mut self, _: Event<'_>) {}
 }
 
-/// How a run ended without error.
+/// How a run ended without error (returned once per run: its size does not matter).
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Outcome {
     Finished {
         last: Option<EpochSummary>,
         model: PathBuf,
+        /// Why the run ended before its last epoch, if it did.
+        early_stop: Option<EarlyStop>,
     },
     /// Stopped on request; resume from this checkpoint.
     Stopped { checkpoint: PathBuf },
@@ -160,6 +168,14 @@ fn train_planned<B: AutodiffBackend>(
     B::seed(&device, config.seed);
     let (train_loader, val_loader) = loaders(config, shard(&placement))?;
     let classes = train_loader.dataset().classes().len();
+    let class_weights = match &config.loss.class_weights {
+        Some(weights) => Some(class_weights(
+            weights,
+            train_loader.dataset().as_ref(),
+            classes,
+        )?),
+        None => None,
+    };
     let in_use_before_model = memory.current().unwrap_or(0);
     let model =
         build_model::<B>(&config.model, classes, &device)?.with_precision(config.precision());
@@ -168,10 +184,11 @@ fn train_planned<B: AutodiffBackend>(
     let mut replicas = Replicas::new(
         model,
         new_optimizer.clone(),
-        |device| loss_function::<B>(config, device),
+        |device| loss_function::<B>(config, class_weights.as_deref(), device),
         &placement,
         config.device.sync_bn,
-    )?;
+    )?
+    .with_class_weights(class_weights.clone());
     let batches = train_loader.len();
     let schedule = Schedule::new(
         &config.schedule,
@@ -196,6 +213,9 @@ fn train_planned<B: AutodiffBackend>(
         history.retain(|s| s.epoch <= position.epoch);
         resumed_from = Some(path);
     }
+    if config.ema.is_some() {
+        start_ema(&mut replicas, resumed_from.clone(), position.ema_averaged)?;
+    }
     observer.event(Event::Started {
         run_dir: &run.path,
         train_images: train_loader.dataset().len(),
@@ -207,7 +227,15 @@ fn train_planned<B: AutodiffBackend>(
 
     let mut first_step = true;
     let mut lr = schedule.lr(position.iteration);
+    let mut early_stop = None;
     for epoch in position.epoch..config.epochs {
+        // Decided from the history alone, so that a resumed run stops where it would have.
+        let rule = config.early_stopping.as_ref();
+        early_stop = rule.and_then(|rule| early_stopping::verdict(rule, &history));
+        if let Some(stop) = &early_stop {
+            observer.event(Event::StoppedEarly(stop));
+            break;
+        }
         let clock = Instant::now();
         memory.reset_peak();
         let mut host = train_loader.epoch_from(epoch as u64, position.batch);
@@ -233,6 +261,17 @@ fn train_planned<B: AutodiffBackend>(
             }
             position.iteration += 1;
             window.steps += 1;
+            if let Some(ema) = config
+                .ema
+                .as_ref()
+                .filter(|e| position.iteration % e.every == 0)
+            {
+                let (decay, warming_up) = (ema.decay, epoch < ema.warmup_epochs);
+                replicas.with_first(move |replica| {
+                    replica.update_ema(decay, warming_up);
+                    Ok(())
+                })?;
+            }
             let stopping = stop.load(Ordering::SeqCst);
             // The device is read at the first iteration, every print_every, at a stop and at
             // the end of the epoch; in between, steps queue up on the device unread.
@@ -275,8 +314,13 @@ fn train_planned<B: AutodiffBackend>(
         }
         let model = replicas.model()?;
         let validation = match &val_loader {
-            Some(loader) => Some(evaluate(&model.valid(), loader, &device)?),
+            Some(loader) => Some(evaluate(&model.valid(), loader, &device, Tta::None)?),
             None => None,
+        };
+        let average = replicas.with_first(|r| Ok(r.ema.as_ref().map(|e| e.model.clone())))?;
+        let ema_validation = match (&val_loader, &average) {
+            (Some(loader), Some(average)) => Some(evaluate(average, loader, &device, Tta::None)?),
+            _ => None,
         };
         let sums = std::mem::take(&mut position.sums);
         let seconds = sums.seconds + clock.elapsed().as_secs_f64();
@@ -289,6 +333,10 @@ fn train_planned<B: AutodiffBackend>(
             validation.as_ref(),
         );
         summary.peak_memory_bytes = memory.peak_bytes();
+        if let Some(v) = &ema_validation {
+            (summary.ema_val_loss, summary.ema_val_top1) = (Some(v.loss), Some(v.top1));
+            summary.ema_val_top5 = Some(v.top5);
+        }
         history.push(summary.clone());
         position.epoch = epoch + 1;
         position.batch = 0;
@@ -303,19 +351,71 @@ fn train_planned<B: AutodiffBackend>(
                 run,
                 &mut replicas,
                 &mut position,
-                summary.val_top1,
+                match exports_ema(config) {
+                    true => summary.ema_val_top1,
+                    false => summary.val_top1,
+                },
                 observer,
             )?;
         }
     }
 
     let model_path = run.model_path();
-    weights::save_safetensors(&replicas.model()?.valid(), &model_path)?;
+    let average = replicas.with_first(|r| Ok(r.ema.as_ref().map(|e| e.model.clone())))?;
+    match average.filter(|_| exports_ema(config)) {
+        Some(average) => weights::save_safetensors(&average, &model_path)?,
+        None => weights::save_safetensors(&replicas.model()?.valid(), &model_path)?,
+    }
     replicas.finish()?;
     observer.event(Event::Finished { model: &model_path });
     Ok(Outcome::Finished {
         last: history.last().cloned(),
         model: model_path,
+        early_stop,
+    })
+}
+
+/// The loss's weight of each class (`loss.class_weights`), counting the training set's images
+/// per class where the config asks for balanced weights.
+fn class_weights(
+    weights: &ClassWeights,
+    dataset: &dyn Dataset,
+    classes: usize,
+) -> Result<Vec<f32>, TrainError> {
+    let mut images = vec![0usize; classes];
+    if matches!(weights, ClassWeights::Named(_)) {
+        for index in 0..dataset.len() {
+            images[dataset.label(index)] += 1;
+        }
+    }
+    weights.resolve(&images).map_err(TrainError::ClassWeights)
+}
+
+/// Whether the run exports its weights' average rather than its weights.
+fn exports_ema(config: &TrainConfig) -> bool {
+    config.ema.as_ref().is_some_and(|e| e.export)
+}
+
+/// Gives replica 0 the weights' average: the checkpoint's when resuming from one that has it,
+/// else one that starts from the model's weights.
+fn start_ema<B: AutodiffBackend>(
+    replicas: &mut Replicas<B>,
+    checkpoint: Option<PathBuf>,
+    averaged: Option<usize>,
+) -> Result<(), TrainError> {
+    replicas.with_first(move |replica| {
+        let mut ema = Ema::new(replica.model());
+        if let Some(path) = checkpoint {
+            let template = ema.model.clone();
+            if let Some(model) = checkpoint::load_ema(&path, template, &replica.device)? {
+                ema = Ema {
+                    model,
+                    averaged: averaged.unwrap_or(1),
+                };
+            }
+        }
+        replica.ema = Some(ema);
+        Ok(())
     })
 }
 
@@ -398,6 +498,11 @@ fn read_window<B: AutodiffBackend>(
         position.sums.loss += loss * step.images as f64;
         position.sums.correct += step.correct;
         position.sums.seen += step.images;
+        if let Some(norm) = step.grad_norm {
+            position.sums.grad_norm_sum += norm;
+            position.sums.grad_norm_max = position.sums.grad_norm_max.max(norm);
+            position.sums.grad_norm_steps += 1;
+        }
         window.loss_sum += loss * step.images as f64;
         window.images += step.images;
     }
@@ -579,11 +684,13 @@ pub struct Evaluation {
 type EvaluationSums<B> = (Tensor<B, 1>, Tensor<B, 1, Int>, Tensor<B, 1, Int>);
 
 /// Runs `model` over every batch of `loader` (epoch 0: the order, and any augmentation, of a
-/// validation loader is fixed).
+/// validation loader is fixed). With `Tta::Hflip`, each image's class probabilities are the
+/// mean of its own and its mirror's softmax, and the loss is their negative log at the label.
 pub fn evaluate<B: Backend>(
     model: &ResNet<B>,
     loader: &Loader,
     device: &B::Device,
+    tta: Tta,
 ) -> Result<Evaluation, DataError> {
     let loss_fn = CrossEntropyLossConfig::new().init(device);
     // Sums stay on the device until the end: one read for the whole pass.
@@ -596,13 +703,27 @@ pub fn evaluate<B: Backend>(
             continue;
         }
         let n = batch.len();
-        let logits = model.forward(batch.images);
+        let (logits, loss) = match tta {
+            Tta::None => {
+                let logits = model.forward(batch.images);
+                let loss = loss_fn.forward(logits.clone(), batch.labels.clone()) * n as f64;
+                (logits, loss)
+            }
+            Tta::Hflip => {
+                let mirrored = model.forward(batch.images.clone().flip([3]));
+                let logits = model.forward(batch.images);
+                let probs = (softmax(logits, 1) + softmax(mirrored, 1)) / 2.0;
+                let at_label = probs
+                    .clone()
+                    .gather(1, batch.labels.clone().unsqueeze_dim(1));
+                (probs, at_label.log().sum().neg())
+            }
+        };
         let k = 5.min(logits.dims()[1]);
         let (_, best) = logits.clone().topk_with_indices(k, 1);
         let hits = best.equal(batch.labels.clone().unsqueeze_dim::<2>(1).repeat_dim(1, k));
         let top5 = hits.int().sum();
-        let top1 = count_correct(logits.clone(), batch.labels.clone());
-        let loss = loss_fn.forward(logits, batch.labels) * n as f64;
+        let top1 = count_correct(logits, batch.labels);
         sums = Some(match sums {
             None => (loss, top1, top5),
             Some((l, t1, t5)) => (l + loss, t1 + top1, t5 + top5),
@@ -692,6 +813,12 @@ fn epoch_summary(
         images_per_s: sums.seen as f64 / seconds.max(1e-9),
         skipped_images: sums.skipped + validation.map_or(0, |v| v.skipped),
         peak_memory_bytes: None,
+        ema_val_loss: None,
+        ema_val_top1: None,
+        ema_val_top5: None,
+        grad_norm_mean: (sums.grad_norm_steps > 0)
+            .then(|| sums.grad_norm_sum / sums.grad_norm_steps as f64),
+        grad_norm_max: (sums.grad_norm_steps > 0).then_some(sums.grad_norm_max),
     }
 }
 
@@ -737,13 +864,15 @@ fn save_checkpoint<B: AutodiffBackend>(
     name: String,
     position: &Position,
 ) -> Result<PathBuf, TrainError> {
-    let (dir, position) = (run.checkpoints(), position.clone());
+    let (dir, mut position) = (run.checkpoints(), position.clone());
     replicas.with_first(move |replica| {
+        position.ema_averaged = replica.ema.as_ref().map(|e| e.averaged);
         Ok(checkpoint::save(
             &dir,
             &name,
             replica.model(),
             &replica.optimizer,
+            replica.ema.as_ref().map(|e| &e.model),
             &position,
         )?)
     })

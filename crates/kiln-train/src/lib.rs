@@ -14,8 +14,11 @@
 
 pub mod batch;
 pub mod checkpoint;
+pub mod clip;
 pub mod collective;
 pub mod config;
+pub mod early_stopping;
+pub mod ema;
 pub mod engine;
 pub mod error;
 pub mod measure;

@@ -77,7 +77,8 @@ fn fresh_replica<B: AutodiffBackend>(
     Ok(Replica::new(
         model,
         AnyOptimizer::new(&config.optimizer),
-        loss_function::<B>(config, device),
+        // Class weights change no memory.
+        loss_function::<B>(config, None, device),
         device.clone(),
     ))
 }

@@ -145,6 +145,8 @@ pub struct Replicas<B: AutodiffBackend> {
     sync_bn: bool,
     /// Replicas on this machine.
     count: usize,
+    /// The loss's class weights, by which a step's losses are shared out (see `StepPlan`).
+    class_weights: Option<Vec<f32>>,
 }
 
 /// How long to wait for the replicas before saying what is being waited for.
@@ -199,6 +201,7 @@ impl<B: AutodiffBackend> Replicas<B> {
             machines: placement.cluster.is_some(),
             sync_bn,
             count: placement.devices.len(),
+            class_weights: None,
         };
         if collective {
             replicas.join(placement)?;
@@ -248,6 +251,13 @@ impl<B: AutodiffBackend> Replicas<B> {
     /// checkpointed and exported.
     pub fn model(&mut self) -> Result<ResNet<B>, TrainError> {
         self.with_first(|replica| Ok(replica.model().clone()))
+    }
+
+    /// Shares each step's loss out by these class weights (the loss function's), so that the
+    /// step's gradient is that of its weighted mean loss over all replicas' images.
+    pub fn with_class_weights(mut self, weights: Option<Vec<f32>>) -> Self {
+        self.class_weights = weights;
+        self
     }
 
     /// Runs `f` on replica 0, on its thread.
@@ -329,6 +339,19 @@ impl<B: AutodiffBackend> Replicas<B> {
     fn plans(&self, parts: &[Vec<HostBatch>]) -> Vec<StepPlan> {
         let images = |part: &[HostBatch]| part.iter().map(|b| b.labels.len()).sum::<usize>();
         let total: usize = parts.iter().map(|p| images(p)).sum();
+        // With class weights, each batch's weight is the sum of its labels' weights.
+        let batch_weights = |part: &[HostBatch]| match &self.class_weights {
+            None => Vec::new(),
+            Some(w) => part
+                .iter()
+                .map(|b| b.labels.iter().map(|&y| f64::from(w[y as usize])).sum())
+                .collect(),
+        };
+        let weight = |part: &[HostBatch]| match &self.class_weights {
+            None => images(part) as f64,
+            Some(_) => batch_weights(part).iter().sum(),
+        };
+        let total_weight: f64 = parts.iter().map(|p| weight(p)).sum();
         let batches = parts.first().map_or(0, Vec::len);
         let sync_bn: Vec<Option<usize>> = match self.sync_bn {
             false => Vec::new(),
@@ -344,6 +367,12 @@ impl<B: AutodiffBackend> Replicas<B> {
             .iter()
             .map(|part| StepPlan {
                 images: if self.machines { images(part) } else { total },
+                weight: if self.machines {
+                    weight(part)
+                } else {
+                    total_weight
+                },
+                batch_weights: batch_weights(part),
                 peer: None,
                 sync_bn: match self.machines && self.sync_bn {
                     // Per batch, this replica's images; summed over the machines in `step`.
@@ -417,9 +446,10 @@ impl<B: AutodiffBackend> Replicas<B> {
                     .iter()
                     .zip(sums.chunks(2))
                     .map(|(s, sum)| StepStats {
-                        images: s.images,
                         loss_sum: sum[0],
                         correct: sum[1].round() as usize,
+                        // The same on every replica: computed from all-reduced gradients.
+                        ..*s
                     })
                     .collect())
             }
@@ -553,7 +583,7 @@ fn over_machines<B: AutodiffBackend>(
         .expect("a multi-machine run gives every replica a peer");
     // Per batch: whether this replica has none of its images (batch norm syncs only over
     // batches every replica runs), and how many images it has.
-    let mut counts = vec![plan.images as f64];
+    let mut counts = vec![plan.images as f64, plan.weight];
     if !plan.sync_bn.is_empty() {
         counts.extend(batches.iter().flat_map(|b| {
             let images = b.len();
@@ -563,15 +593,17 @@ fn over_machines<B: AutodiffBackend>(
     let counts = sum_values::<B::InnerBackend>(&counts, peer, &seat.replica.device)?;
     let sync_bn = match plan.sync_bn.is_empty() {
         true => Vec::new(),
-        false => counts[1..]
+        false => counts[2..]
             .chunks(2)
             .map(|c| (c[0] == 0.0).then_some(c[1] as usize))
             .collect(),
     };
     Ok(StepPlan {
         images: counts[0] as usize,
+        weight: counts[1],
         peer: Some(peer),
         sync_bn,
+        ..plan
     })
 }
 

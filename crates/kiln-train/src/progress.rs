@@ -235,12 +235,24 @@ impl Observer for Console {
                     .peak_memory_bytes
                     .map(|b| format!(", peak memory {:.2} GiB", b as f64 / GIB))
                     .unwrap_or_default();
+                let ema = match (summary.ema_val_loss, summary.ema_val_top1) {
+                    (Some(loss), Some(top1)) => {
+                        format!(", EMA loss {loss:.4} top-1 {:.2}%", top1 * 100.0)
+                    }
+                    _ => String::new(),
+                };
+                let grad_norm = match (summary.grad_norm_mean, summary.grad_norm_max) {
+                    (Some(mean), Some(max)) => {
+                        format!(", gradient norm mean {mean:.3} max {max:.3}")
+                    }
+                    _ => String::new(),
+                };
                 let per_device = match self.replicas {
                     1 => String::new(),
                     n => format!(" ({:.0} per device)", summary.images_per_s / n as f64),
                 };
                 self.line(format!(
-                    "epoch {}: train loss {:.4} accuracy {:.2}%{val}, {:.1} s, {:.0} img/s{per_device}{memory}{skipped}",
+                    "epoch {}: train loss {:.4} accuracy {:.2}%{val}{ema}{grad_norm}, {:.1} s, {:.0} img/s{per_device}{memory}{skipped}",
                     summary.epoch,
                     summary.train_loss,
                     summary.train_accuracy * 100.0,
@@ -249,6 +261,7 @@ impl Observer for Console {
                 ));
             }
             Event::Checkpoint(path) => self.line(format!("checkpoint {}", path.display())),
+            Event::StoppedEarly(stop) => self.line(stop.to_string()),
             Event::Stopped(path) => {
                 if let Some(bar) = self.bar.take() {
                     bar.abandon();

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::TrainConfig;
 
 /// What an epoch came to. `val_*` are absent without a validation set.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EpochSummary {
     /// Counted from 1, as the console shows it.
     pub epoch: usize,
@@ -28,6 +28,19 @@ pub struct EpochSummary {
     /// cannot tell, and in runs recorded before kiln measured it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_memory_bytes: Option<u64>,
+    /// The weights' moving average (`[ema]`) on the validation set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ema_val_loss: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ema_val_top1: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ema_val_top5: Option<f64>,
+    /// The mean and largest global gradient norm of the epoch's steps, before clipping; only
+    /// where clipping is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_norm_mean: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_norm_max: Option<f64>,
 }
 
 pub struct RunDir {
@@ -114,12 +127,12 @@ impl RunDir {
         }
         write_atomically(&self.path.join("metrics.jsonl"), &jsonl)?;
         let mut csv = String::from(
-            "epoch,iteration,lr,train_loss,train_accuracy,val_loss,val_top1,val_top5,seconds,images_per_s,skipped_images,peak_memory_bytes\n",
+            "epoch,iteration,lr,train_loss,train_accuracy,val_loss,val_top1,val_top5,seconds,images_per_s,skipped_images,peak_memory_bytes,grad_norm_mean,grad_norm_max,ema_val_loss,ema_val_top1,ema_val_top5\n",
         );
         let opt = |v: Option<f64>| v.map(|v| v.to_string()).unwrap_or_default();
         for s in history {
             csv += &format!(
-                "{},{},{},{},{},{},{},{},{:.3},{:.1},{},{}\n",
+                "{},{},{},{},{},{},{},{},{:.3},{:.1},{},{},{},{},{},{},{}\n",
                 s.epoch,
                 s.iteration,
                 s.lr,
@@ -133,7 +146,12 @@ impl RunDir {
                 s.skipped_images,
                 s.peak_memory_bytes
                     .map(|b| b.to_string())
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                opt(s.grad_norm_mean),
+                opt(s.grad_norm_max),
+                opt(s.ema_val_loss),
+                opt(s.ema_val_top1),
+                opt(s.ema_val_top5),
             );
         }
         write_atomically(&self.path.join("metrics.csv"), csv.as_bytes())?;
@@ -186,12 +204,13 @@ impl RunDir {
     }
 }
 
-/// The text of `summary.txt`.
+/// The text of `summary.txt`; `ending` says why the run ended early, if it did.
 pub fn summary_text(
     config: &TrainConfig,
     run: &RunDir,
     last: Option<&EpochSummary>,
     model: &Path,
+    ending: Option<&str>,
 ) -> String {
     let mut text = format!(
         "run {} ({}: {}, {} epochs, batch {})\n",
@@ -214,6 +233,9 @@ pub fn summary_text(
                 top5 * 100.0
             );
         }
+    }
+    if let Some(ending) = ending {
+        text += &format!("{ending}\n");
     }
     text += &format!(
         "model: {} (torchvision names)\nmetrics: metrics.jsonl, metrics.csv; plots: loss.svg, accuracy.svg, lr.svg\ncheckpoints: checkpoints/\n",

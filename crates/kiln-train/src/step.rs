@@ -20,8 +20,10 @@ use kiln_models::weights;
 use kiln_models::{Precision, ResNet};
 
 use crate::batch::DeviceBatch;
+use crate::clip::clip_gradients;
 use crate::collective::{all_reduce_gradients, sum_over_peers};
 use crate::config::{ModelSection, TrainConfig};
+use crate::ema::Ema;
 use crate::error::{ParallelError, TrainError};
 use crate::optim::AnyOptimizer;
 use crate::scaler::LossScaler;
@@ -46,11 +48,17 @@ pub fn build_model<B: Backend>(
     Ok(model)
 }
 
-/// Cross-entropy with the config's label smoothing.
-pub fn loss_function<B: Backend>(config: &TrainConfig, device: &B::Device) -> CrossEntropyLoss<B> {
+/// Cross-entropy with the config's label smoothing and the class weights the training set gave
+/// (see `ClassWeights::resolve`).
+pub fn loss_function<B: Backend>(
+    config: &TrainConfig,
+    class_weights: Option<&[f32]>,
+    device: &B::Device,
+) -> CrossEntropyLoss<B> {
     let smoothing = config.loss.label_smoothing;
     CrossEntropyLossConfig::new()
         .with_smoothing((smoothing > 0.0).then_some(smoothing as f32))
+        .with_weights(class_weights.map(<[f32]>::to_vec))
         .init(device)
 }
 
@@ -69,6 +77,12 @@ pub fn count_correct<B: Backend>(
 #[derive(Debug, Clone)]
 pub struct StepPlan {
     pub images: usize,
+    /// What the step's losses are weighted by in all: its images on all replicas, or with class
+    /// weights the sum of its labels' weights, so that the summed gradient is that of the
+    /// step's (weighted) mean loss however the images are split.
+    pub weight: f64,
+    /// Per batch of this replica, its share of `weight` (empty: its image count).
+    pub batch_weights: Vec<f64>,
     pub peer: Option<PeerId>,
     /// With `sync_bn`, per batch of the step: the batch's images on all replicas, when every
     /// replica has some (a sum over replicas waits for all of them); `None` runs it unsynced.
@@ -80,6 +94,8 @@ impl StepPlan {
     pub fn alone(images: usize) -> Self {
         Self {
             images,
+            weight: images as f64,
+            batch_weights: Vec::new(),
             peer: None,
             sync_bn: Vec::new(),
         }
@@ -95,6 +111,8 @@ pub struct StepStats {
     pub loss_sum: f64,
     /// This replica's correct predictions.
     pub correct: usize,
+    /// The global L2 norm of the step's gradients before clipping, where clipping is on.
+    pub grad_norm: Option<f64>,
 }
 
 /// One batch's loss and correct count, still on the device.
@@ -102,6 +120,14 @@ struct Pending<B: Backend> {
     images: usize,
     loss: Tensor<B, 1>,
     correct: Tensor<B, 1, Int>,
+}
+
+/// One step's figures, still on the device.
+struct PendingStep<B: Backend> {
+    /// The step's images on all replicas.
+    images: usize,
+    batches: Vec<Pending<B>>,
+    grad_norm: Option<Tensor<B, 1>>,
 }
 
 /// One model on one device with its optimizer: what a training step changes.
@@ -113,8 +139,10 @@ pub struct Replica<B: AutodiffBackend> {
     pub scaler: Option<LossScaler>,
     loss_fn: CrossEntropyLoss<B>,
     pub device: B::Device,
-    /// Per step since the last read: the step's images on all replicas and its batches.
-    pending: Vec<(usize, Vec<Pending<B::InnerBackend>>)>,
+    /// The weights' moving average, where the run keeps one (on replica 0 only).
+    pub ema: Option<Ema<B, ResNet<B>>>,
+    /// Every step since the last read.
+    pending: Vec<PendingStep<B::InnerBackend>>,
 }
 
 impl<B: AutodiffBackend> Replica<B> {
@@ -130,6 +158,7 @@ impl<B: AutodiffBackend> Replica<B> {
             optimizer,
             loss_fn,
             device,
+            ema: None,
             pending: Vec::new(),
         }
     }
@@ -157,8 +186,9 @@ impl<B: AutodiffBackend> Replica<B> {
 
     /// One optimizer step over `batches` (one, or `accumulate` of them): for each, forward, loss
     /// weighted by its share of the step's images, backward; the gradients summed (only when
-    /// there are several), all-reduced with the other replicas, then the update. Reads nothing
-    /// from the device (f16's overflow check, after the backward pass, aside).
+    /// there are several), all-reduced with the other replicas, clipped if the optimizer says
+    /// so, then the update. Reads nothing from the device (f16's overflow check, after the
+    /// backward pass, aside).
     pub fn step(
         &mut self,
         batches: Vec<DeviceBatch<B>>,
@@ -194,7 +224,8 @@ impl<B: AutodiffBackend> Replica<B> {
                 loss: loss.clone().inner(),
                 correct,
             });
-            let share = n as f64 / plan.images as f64;
+            let weight = plan.batch_weights.get(index).copied();
+            let share = weight.unwrap_or(n as f64) / plan.weight;
             let batch_grads =
                 GradientsParams::from_grads((loss * (share * scale)).backward(), &model);
             // A gradient sum only when a step has several batches (`accumulate` > 1).
@@ -221,13 +252,41 @@ impl<B: AutodiffBackend> Replica<B> {
         if let Some(scaler) = &mut self.scaler {
             grads = grads.and_then(|g| scaler.unscale(&model, g));
         }
+        let mut grad_norm = None;
+        if let Some(unclipped) = grads.take() {
+            grads = Some(match self.optimizer.clipping.is_on() {
+                true => {
+                    let (clipped, norm) =
+                        clip_gradients(&model, unclipped, self.optimizer.clipping);
+                    grad_norm = norm;
+                    clipped
+                }
+                false => unclipped,
+            });
+        }
         self.model = Some(match grads {
             Some(grads) if plan.images > 0 => self.optimizer.step(lr, model, grads),
             // No images this step, or f16 gradients that overflowed: no update.
             _ => model,
         });
-        self.pending.push((plan.images, pending));
+        self.pending.push(PendingStep {
+            images: plan.images,
+            batches: pending,
+            grad_norm,
+        });
         Ok(())
+    }
+
+    /// Moves the weights' average towards the model (see [`Ema::update`]); in `warming_up`,
+    /// the next update copies again.
+    pub fn update_ema(&mut self, decay: f64, warming_up: bool) {
+        let model = self.model.as_ref().expect("a replica holds its model");
+        if let Some(ema) = &mut self.ema {
+            ema.update(model, decay);
+            if warming_up {
+                ema.reset();
+            }
+        }
     }
 
     /// The figures of every step since the last call, in one read from the device.
@@ -235,8 +294,12 @@ impl<B: AutodiffBackend> Replica<B> {
         let steps = std::mem::take(&mut self.pending);
         let tensors: Vec<Tensor<B::InnerBackend, 1>> = steps
             .iter()
-            .flat_map(|(_, batches)| batches)
-            .flat_map(|b| [b.loss.clone(), b.correct.clone().float()])
+            .flat_map(|step| {
+                let batches = step.batches.iter();
+                batches
+                    .flat_map(|b| [b.loss.clone(), b.correct.clone().float()])
+                    .chain(step.grad_norm.clone())
+            })
             .collect();
         let values: Vec<f32> = match tensors.is_empty() {
             true => Vec::new(),
@@ -246,19 +309,20 @@ impl<B: AutodiffBackend> Replica<B> {
                 .to_vec()
                 .expect("an f32 vector"),
         };
-        let mut values = values.chunks(2);
+        let mut values = values.into_iter().map(f64::from);
+        let mut next = move || values.next().expect("a value per figure read");
         steps
             .into_iter()
-            .map(|(images, batches)| {
+            .map(|step| {
                 let mut stats = StepStats {
-                    images,
+                    images: step.images,
                     ..StepStats::default()
                 };
-                for batch in batches {
-                    let pair = values.next().expect("two values per batch");
-                    stats.loss_sum += f64::from(pair[0]) * batch.images as f64;
-                    stats.correct += pair[1] as usize;
+                for batch in step.batches {
+                    stats.loss_sum += next() * batch.images as f64;
+                    stats.correct += next() as usize;
                 }
+                stats.grad_norm = step.grad_norm.map(|_| next());
                 stats
             })
             .collect()

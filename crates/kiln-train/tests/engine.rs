@@ -6,12 +6,18 @@ mod common;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use burn::backend::Autodiff;
+use burn::backend::{Autodiff, Flex};
 use common::{take_turn, train_on_cpu};
 use kiln_backend::MemoryMeter;
+use kiln_data::Shard;
 use kiln_train::checkpoint::{self, Position};
+use kiln_train::config::Tta;
+use kiln_train::engine::loaders;
 use kiln_train::parallel::Placement;
-use kiln_train::{EpochSummary, Event, Observer, Outcome, RunDir, Silent, TrainConfig, train};
+use kiln_train::step::build_model;
+use kiln_train::{
+    EpochSummary, Event, Observer, Outcome, RunDir, Silent, TrainConfig, evaluate, train,
+};
 
 const CONFIG: &str = r#"
 name = "tiny"
@@ -60,7 +66,7 @@ impl Observer for StopAfter<'_> {
 }
 
 /// The metrics that must not depend on being interrupted (times may).
-fn numbers(history: &[EpochSummary]) -> Vec<[f64; 6]> {
+fn numbers(history: &[EpochSummary]) -> Vec<[f64; 9]> {
     history
         .iter()
         .map(|s| {
@@ -71,16 +77,27 @@ fn numbers(history: &[EpochSummary]) -> Vec<[f64; 6]> {
                 s.train_accuracy,
                 s.val_loss.unwrap(),
                 s.val_top1.unwrap(),
+                s.ema_val_loss.unwrap_or(-1.0),
+                s.grad_norm_mean.unwrap_or(-1.0),
+                s.grad_norm_max.unwrap_or(-1.0),
             ]
         })
         .collect()
 }
 
+/// With the weights' average (updated every 2 steps, copying during the first epoch) and
+/// gradient clipping on, both checkpointed or recomputed exactly.
 #[test]
 fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
     let _turn = take_turn();
     let runs = tempfile::tempdir().unwrap();
-    let config = config(runs.path(), &[]);
+    let recipe = [
+        "ema.decay=0.8",
+        "ema.every=2",
+        "ema.warmup_epochs=1",
+        "optimizer.clip_grad_norm=0.5",
+    ];
+    let config = config(runs.path(), &recipe);
     let never = AtomicBool::new(false);
 
     let whole = RunDir::create(runs.path(), &config).unwrap();
@@ -88,6 +105,15 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
     assert!(matches!(outcome.unwrap(), Outcome::Finished { .. }));
     let expected = numbers(&whole.history());
     assert_eq!(expected.len(), 3);
+    for (index, epoch) in expected.iter().enumerate() {
+        let [.., val_loss, _, ema_loss, norm_mean, norm_max] = *epoch;
+        // The first epoch is the warm-up, whose last update (step 6 of 6) copied the weights.
+        assert_eq!(ema_loss == val_loss, index == 0, "epoch {}", index + 1);
+        assert!(
+            norm_mean > 0.0 && norm_max >= norm_mean,
+            "gradient norms recorded"
+        );
+    }
 
     // Stop in the middle of the second epoch (6 iterations an epoch), then resume twice more:
     // once more mid-epoch, then to the end.
@@ -183,6 +209,65 @@ fn a_half_written_checkpoint_is_never_the_one_loaded() {
     // Resuming reads the good one (and has nothing left to do for a one-epoch run).
     let outcome = train_on_cpu(&config, &run, true, 1, &mut Silent, &never);
     assert!(matches!(outcome.unwrap(), Outcome::Finished { .. }));
+}
+
+/// `[early_stopping]` with an improvement no top-1 can make: the second epoch does not improve
+/// on the first, so the run ends after it, and resuming it trains nothing more.
+#[test]
+fn early_stopping_ends_the_run_when_the_metric_stops_improving() {
+    let _turn = take_turn();
+    let runs = tempfile::tempdir().unwrap();
+    let config = config(
+        runs.path(),
+        &[
+            "epochs = 5",
+            "early_stopping.patience = 1",
+            "early_stopping.min_delta = 1.0",
+        ],
+    );
+    let run = RunDir::create(runs.path(), &config).unwrap();
+    let never = AtomicBool::new(false);
+    for resume in [false, true] {
+        let outcome = train_on_cpu(&config, &run, resume, 1, &mut Silent, &never).unwrap();
+        let Outcome::Finished { early_stop, .. } = outcome else {
+            panic!("the run finishes");
+        };
+        let stop = early_stop.expect("the run stopped early");
+        assert_eq!(
+            (stop.metric.as_str(), stop.best_epoch, stop.waited),
+            ("val_top1", 1, 1)
+        );
+        assert_eq!(run.history().len(), 2);
+    }
+}
+
+/// `Tta::Hflip` averages each image with its mirror, so evaluating the mirrored images gives the
+/// same figures; without it, the mirrored images give others (the check can fail).
+#[test]
+fn hflip_tta_treats_an_image_and_its_mirror_alike() {
+    let runs = tempfile::tempdir().unwrap();
+    let flip = r#"data.val_transforms = [{ op = "random_horizontal_flip", p = 1.0 }]"#;
+    let (plain, mirrored) = (config(runs.path(), &[]), config(runs.path(), &[flip]));
+    let device = Default::default();
+    let model = build_model::<Flex>(&plain.model, 3, &device).unwrap();
+    let val = |config| loaders(config, Shard::WHOLE).unwrap().1.unwrap();
+    let (val, mirrored) = (val(&plain), val(&mirrored));
+    let a = evaluate(&model, &val, &device, Tta::Hflip).unwrap();
+    let b = evaluate(&model, &mirrored, &device, Tta::Hflip).unwrap();
+    assert!(
+        (a.loss - b.loss).abs() < 1e-5,
+        "{} against {}",
+        a.loss,
+        b.loss
+    );
+    assert_eq!((a.top1, a.top5, a.images), (b.top1, b.top5, 8));
+    let c = evaluate(&model, &val, &device, Tta::None).unwrap();
+    let d = evaluate(&model, &mirrored, &device, Tta::None).unwrap();
+    assert!(
+        (c.loss - d.loss).abs() > 1e-4,
+        "the mirror changes nothing: {}",
+        c.loss
+    );
 }
 
 #[test]

@@ -106,6 +106,31 @@ fn two_replicas_train_as_one_device_on_the_whole_batch() {
     assert_same_training(&config, &one, &two);
 }
 
+/// Clipping (on the all-reduced gradients), balanced class weights and the weights' average
+/// (kept by replica 0, exported here) give the same model on two replicas as on one device.
+#[test]
+fn two_replicas_with_clipping_class_weights_and_ema_train_as_one_device() {
+    let _turn = take_turn();
+    let runs = tempfile::tempdir().unwrap();
+    let recipe = [
+        "optimizer.clip_grad_norm = 0.3",
+        "loss.class_weights = \"balanced\"",
+        "ema.decay = 0.5",
+        "ema.every = 1",
+        "ema.export = true",
+    ];
+    let config = config(runs.path(), &recipe);
+    let one = trained(&config, 1);
+    let two = trained(&config, 2);
+    assert_same_training(&config, &one, &two);
+    // The export is the average, not the weights.
+    let plain = trained(&self::config(runs.path(), &recipe[..4]), 1);
+    assert!(
+        max_difference(&one, &plain) > 1e-3,
+        "the export is not the average"
+    );
+}
+
 #[test]
 fn accumulating_k_batches_is_one_k_times_larger_batch() {
     let _turn = take_turn();
@@ -185,7 +210,7 @@ fn a_replica_that_fails_ends_the_step_with_its_error_while_the_other_waits_for_i
     let mut replicas = Replicas::new(
         model,
         move || AnyOptimizer::new(&optimizer),
-        |device| loss_function::<B>(&config, device),
+        |device| loss_function::<B>(&config, None, device),
         &placement,
         false,
     )

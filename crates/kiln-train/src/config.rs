@@ -551,7 +551,8 @@ pub enum Tta {
 }
 
 /// `[early_stopping]`, as PyTorch Lightning's `EarlyStopping`: the run ends once `metric` has
-/// not improved by more than `min_delta` for `patience` epochs (see `crate::early_stopping`).
+/// not improved by more than `min_delta` for `patience` epochs (the verdict is the
+/// `early_stopping` module's, over the run's history).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EarlyStoppingSection {

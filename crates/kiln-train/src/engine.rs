@@ -317,7 +317,7 @@ fn train_planned<B: AutodiffBackend>(
             Some(loader) => Some(evaluate(&model.valid(), loader, &device, Tta::None)?),
             None => None,
         };
-        let average = replicas.with_first(|r| Ok(r.ema.as_ref().map(|e| e.model.clone())))?;
+        let average = ema_model(config, &mut replicas)?;
         let ema_validation = match (&val_loader, &average) {
             (Some(loader), Some(average)) => Some(evaluate(average, loader, &device, Tta::None)?),
             _ => None,
@@ -361,7 +361,7 @@ fn train_planned<B: AutodiffBackend>(
     }
 
     let model_path = run.model_path();
-    let average = replicas.with_first(|r| Ok(r.ema.as_ref().map(|e| e.model.clone())))?;
+    let average = ema_model(config, &mut replicas)?;
     match average.filter(|_| exports_ema(config)) {
         Some(average) => weights::save_safetensors(&average, &model_path)?,
         None => weights::save_safetensors(&replicas.model()?.valid(), &model_path)?,
@@ -389,6 +389,17 @@ fn class_weights(
         }
     }
     weights.resolve(&images).map_err(TrainError::ClassWeights)
+}
+
+/// A copy of the weights' average from replica 0, where the run keeps one.
+fn ema_model<B: AutodiffBackend>(
+    config: &TrainConfig,
+    replicas: &mut Replicas<B>,
+) -> Result<Option<ResNet<B::InnerBackend>>, TrainError> {
+    match config.ema {
+        Some(_) => replicas.with_first(|r| Ok(r.ema.as_ref().map(|e| e.model.clone()))),
+        None => Ok(None),
+    }
 }
 
 /// Whether the run exports its weights' average rather than its weights.

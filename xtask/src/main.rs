@@ -3,8 +3,9 @@
 //! - `lint`: rustfmt check and clippy with warnings as errors, as CI expects them.
 //! - `fixtures`: regenerate the PyTorch parity fixtures in `tests/fixtures/` (needs a `.venv`
 //!   with torch, torchvision and safetensors).
-//! - `compare [kiln compare options]`: builds kiln with the backends asked for and checks that
-//!   they agree (`kiln compare`); CI runs it with flex, ndarray and wgpu.
+//! - `compare [--kiln PATH] [kiln compare options]`: builds kiln with the backends asked for
+//!   (or takes the binary at PATH) and checks that they agree (`kiln compare`); CI runs it with
+//!   flex, ndarray and wgpu on the binary its tests built.
 //! - `bench [--no-data] [--passes] [kiln bench options]`: training and inference throughput against
 //!   PyTorch in the same run, then `bench data`.
 //! - `bench data`: the data pipeline's images/s per core against torchvision's.
@@ -35,7 +36,7 @@ fn main() -> anyhow::Result<()> {
         ["bench", ..] => bench_models::run(&root, &args[1..]),
         ["gpu-check", ..] => gpu_check::run(&root, &args[1..]),
         _ => bail!(
-            "usage: cargo xtask <lint | fixtures | compare [--backends flex,ndarray,wgpu ...] | bench [--no-data] [--passes] [--backends ...] | bench data [--count N] [--passes N] | gpu-check --carry-dir DIR [--dry-run]>"
+            "usage: cargo xtask <lint | fixtures | compare [--kiln PATH] [--backends flex,ndarray,wgpu ...] | bench [--no-data] [--passes] [--backends ...] | bench data [--count N] [--passes N] | gpu-check --carry-dir DIR [--dry-run]>"
         ),
     }
 }
@@ -94,6 +95,15 @@ fn fixtures(root: &Path) -> anyhow::Result<()> {
 
 /// `cargo xtask compare`: `kiln compare` built with the backends it names.
 fn compare(root: &Path, args: &[String]) -> anyhow::Result<()> {
+    // `--kiln PATH`: a binary already built with the backends' features (CI passes the one
+    // the tests built), rather than building one here.
+    let given = args.iter().position(|a| a == "--kiln");
+    let kiln = given.map(|i| args.get(i + 1).map(PathBuf::from));
+    let args: Vec<String> = match given {
+        Some(i) => [&args[..i], args.get(i + 2..).unwrap_or_default()].concat(),
+        None => args.to_vec(),
+    };
+    let args = args.as_slice();
     let backends = args
         .iter()
         .position(|a| a == "--backends")
@@ -102,7 +112,12 @@ fn compare(root: &Path, args: &[String]) -> anyhow::Result<()> {
             || vec!["flex".to_string(), "ndarray".into(), "wgpu".into()],
             |list| list.split(',').map(str::to_string).collect(),
         );
-    let kiln = build_kiln(root, &features_for(&backends))?;
+    let kiln = match kiln {
+        Some(Some(path)) if path.is_file() => path,
+        Some(Some(path)) => bail!("--kiln {}: no such file; build it first", path.display()),
+        Some(None) => bail!("--kiln needs the path of a kiln binary"),
+        None => build_kiln(root, &features_for(&backends))?,
+    };
     let mut command = Command::new(kiln);
     command.arg("compare").args(args);
     if !args.iter().any(|a| a == "--backends") {

@@ -199,6 +199,7 @@ fn time_training<B: AutodiffBackend>(
         let step_batch = DeviceBatch {
             images: batch.images.clone(),
             labels: batch.labels.clone(),
+            targets: None,
             skipped: Vec::new(),
         };
         replica

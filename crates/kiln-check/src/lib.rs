@@ -34,6 +34,7 @@ fn seeded_batch<B: Backend>(
     DeviceBatch {
         images: Tensor::from_data(TensorData::new(pixels, shape), device),
         labels: Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [n]), device),
+        targets: None,
         skipped: Vec::new(),
     }
 }

@@ -3,7 +3,8 @@
 //! transforms, and a loader turns them into batches of normalized floats on worker threads.
 //!
 //! Data flows: [`Source`] (from the config) opens into [`Dataset`]s, a [`Pipeline`] of
-//! [`Transform`]s augments each image, and a [`Loader`] batches them into [`HostBatch`]es.
+//! [`Transform`]s augments each image, and a [`Loader`] batches them into [`HostBatch`]es,
+//! mixed by [`Mixing`] (mixup, CutMix) when training asks for it.
 
 mod archive;
 pub mod cifar;
@@ -13,6 +14,7 @@ mod error;
 mod image_folder;
 mod image_io;
 mod loader;
+pub mod mix;
 mod seed;
 mod source;
 mod synthetic;
@@ -24,6 +26,7 @@ pub use error::DataError;
 pub use image_folder::{IMAGE_EXTENSIONS, ImageFolder};
 pub use image_io::{ImageLimits, load_rgb};
 pub use loader::{Batches, HostBatch, Loader, LoaderConfig, OnBadImage, Shard};
+pub use mix::{MixMode, Mixing};
 pub use source::{Source, Splits};
 pub use synthetic::Synthetic;
 pub use transforms::{EvalTransform, Pipeline, Transform};

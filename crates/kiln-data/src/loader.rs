@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::DataError;
 use crate::dataset::SharedDataset;
+use crate::mix::Mixing;
 use crate::seed::{Purpose, stream};
 use crate::transforms::Pipeline;
 
@@ -43,6 +44,8 @@ pub struct LoaderConfig {
     pub on_bad_image: OnBadImage,
     /// The part of each batch this process loads, when several machines train together.
     pub shard: Shard,
+    /// Mixup and CutMix on each batch (on each machine's shard of it), for training.
+    pub mixing: Option<Mixing>,
 }
 
 /// Part `index` of `count` equal parts of every batch: each machine of a multi-machine run
@@ -77,6 +80,7 @@ impl LoaderConfig {
             seed,
             on_bad_image: OnBadImage::Skip,
             shard: Shard::WHOLE,
+            mixing: None,
         }
     }
 }
@@ -86,7 +90,10 @@ impl LoaderConfig {
 pub struct HostBatch {
     pub images: Vec<f32>,
     pub shape: [usize; 4],
+    /// Each image's label; in a mixed batch, its dominant label (the one weighted most).
     pub labels: Vec<i64>,
+    /// A mixed batch's soft targets, `[n, classes]`, label smoothing included.
+    pub targets: Option<Vec<f32>>,
     /// Images left out of this batch, each with its path and why. A batch whose every image
     /// was bad has `n = 0`.
     pub skipped: Vec<DataError>,
@@ -114,6 +121,11 @@ impl Loader {
         }
         if dataset.is_empty() {
             return Err(DataError::Invalid("the data set has no images".into()));
+        }
+        if let Some(mixing) = &config.mixing {
+            mixing
+                .check()
+                .map_err(|e| DataError::Invalid(format!("mixup: {e}")))?;
         }
         if config.drop_last && dataset.len() < config.batch_size {
             return Err(DataError::Invalid(format!(
@@ -197,14 +209,14 @@ impl EpochPlan {
         &whole[self.shared.config.shard.range(whole.len())]
     }
 
-    /// Decodes, augments and normalizes one batch.
-    fn build(&self, batch: usize) -> Result<HostBatch, DataError> {
+    /// Decodes, augments, normalizes and (for training) mixes one batch.
+    fn build(&self, batch_index: usize) -> Result<HostBatch, DataError> {
         let Shared {
             dataset,
             pipeline,
             config,
         } = &*self.shared;
-        let indices = self.indices(batch);
+        let indices = self.indices(batch_index);
         let mut images = Vec::new();
         let mut labels = Vec::with_capacity(indices.len());
         let mut skipped = Vec::new();
@@ -233,16 +245,24 @@ impl EpochPlan {
             }
             let start = images.len();
             images.resize(start + 3 * (dims.0 * dims.1) as usize, 0.0);
-            pipeline.write_tensor(&image, &mut images[start..]);
+            pipeline.write_tensor(&image, &mut images[start..], &mut rng);
             labels.push(dataset.label(index) as i64);
         }
         let (width, height) = size.unwrap_or((0, 0));
-        Ok(HostBatch {
+        let mut batch = HostBatch {
             images,
             shape: [labels.len(), 3, height as usize, width as usize],
             labels,
+            targets: None,
             skipped,
-        })
+        };
+        if let Some(mixing) = &config.mixing {
+            mixing.mix(
+                &mut batch,
+                &mut stream(config.seed, Purpose::Mix, self.epoch, batch_index as u64),
+            );
+        }
+        Ok(batch)
     }
 }
 

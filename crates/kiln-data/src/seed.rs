@@ -11,6 +11,7 @@ pub enum Purpose {
     Augment = 2,
     Split = 3,
     Synthetic = 4,
+    Mix = 5,
 }
 
 /// The random stream for `purpose` at (`a`, `b`), for example (epoch, image index).

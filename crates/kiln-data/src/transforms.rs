@@ -10,6 +10,7 @@ use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer
 use image::{Rgb, RgbImage};
 use rand::Rng;
 use rand::seq::SliceRandom;
+use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use crate::DataError;
@@ -64,6 +65,47 @@ pub enum Transform {
     ToTensor,
     /// `Normalize(mean, std)`, after `ToTensor`.
     Normalize { mean: [f32; 3], std: [f32; 3] },
+    /// `RandomErasing(p, scale, ratio, value)`, after `ToTensor` (torchvision's recipes put it
+    /// after `Normalize`): with chance `p`, a box of `scale` of the area and aspect `ratio` set
+    /// to `value` (a number, one per channel, or `"random"`: standard normal noise).
+    RandomErasing {
+        #[serde(default = "default_erasing_p")]
+        p: f64,
+        #[serde(default = "default_erasing_scale")]
+        scale: [f64; 2],
+        #[serde(default = "default_erasing_ratio")]
+        ratio: [f64; 2],
+        #[serde(default)]
+        value: ErasingValue,
+    },
+}
+
+/// What `random_erasing` writes into its box.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ErasingValue {
+    Number(f32),
+    Channels([f32; 3]),
+    /// Only `"random"`.
+    Random(String),
+}
+
+impl Default for ErasingValue {
+    fn default() -> Self {
+        ErasingValue::Number(0.0)
+    }
+}
+
+fn default_erasing_p() -> f64 {
+    0.5
+}
+
+fn default_erasing_scale() -> [f64; 2] {
+    [0.02, 0.33]
+}
+
+fn default_erasing_ratio() -> [f64; 2] {
+    [0.3, 3.3]
 }
 
 fn default_scale() -> [f64; 2] {
@@ -130,6 +172,32 @@ impl Transform {
             Transform::Normalize { std, .. } if std.contains(&0.0) => {
                 Err(format!("normalize: std must not be 0, got {std:?}"))
             }
+            Transform::RandomErasing {
+                p,
+                scale,
+                ratio,
+                ref value,
+            } => {
+                if !(0.0..=1.0).contains(&p) {
+                    return Err(format!("random_erasing: p must lie in [0, 1], got {p}"));
+                }
+                if !(0.0 <= scale[0] && scale[0] <= scale[1] && scale[1] <= 1.0) {
+                    return Err(format!(
+                        "random_erasing: scale must satisfy 0 <= min <= max <= 1, got {scale:?}"
+                    ));
+                }
+                if !(ratio[0] > 0.0 && ratio[0] <= ratio[1] && ratio[1].is_finite()) {
+                    return Err(format!(
+                        "random_erasing: ratio must satisfy 0 < min <= max, got {ratio:?}"
+                    ));
+                }
+                match value {
+                    ErasingValue::Random(word) if word != "random" => Err(format!(
+                        "random_erasing: value must be a number, three numbers or \"random\", got \"{word}\""
+                    )),
+                    _ => Ok(()),
+                }
+            }
             _ => Ok(()),
         }
     }
@@ -158,7 +226,9 @@ impl Transform {
                 saturation,
                 hue,
             } => color_jitter(image, [brightness, contrast, saturation, hue], rng),
-            Transform::ToTensor | Transform::Normalize { .. } => image,
+            Transform::ToTensor | Transform::Normalize { .. } | Transform::RandomErasing { .. } => {
+                image
+            }
         }
     }
 }
@@ -169,6 +239,8 @@ impl Transform {
 pub struct Pipeline {
     image_steps: Vec<Transform>,
     normalize: Option<([f32; 3], [f32; 3])>,
+    /// The `random_erasing` steps, each with whether it comes before `normalize`.
+    erasing: Vec<(Transform, bool)>,
 }
 
 impl Pipeline {
@@ -191,6 +263,15 @@ impl Pipeline {
                     return Err(DataError::Invalid("normalize appears twice".into()));
                 }
                 Transform::Normalize { mean, std } => pipeline.normalize = Some((mean, std)),
+                Transform::RandomErasing { .. } if !tensor => {
+                    return Err(DataError::Invalid(
+                        "random_erasing works on the tensor: put it after to_tensor (and normalize), as in torchvision".into(),
+                    ));
+                }
+                Transform::RandomErasing { .. } => {
+                    let before_normalize = pipeline.normalize.is_none();
+                    pipeline.erasing.push((transform.clone(), before_normalize));
+                }
                 _ if tensor => {
                     return Err(DataError::Invalid(format!(
                         "{transform:?} comes after to_tensor; image transforms must come before it"
@@ -223,10 +304,40 @@ impl Pipeline {
         image
     }
 
-    /// `ToTensor` and `Normalize` into `out`, a `[3, height, width]` slice.
-    pub fn write_tensor(&self, image: &RgbImage, out: &mut [f32]) {
+    /// `ToTensor`, `Normalize` and `RandomErasing` into `out`, a `[3, height, width]` slice. An
+    /// erasing before `normalize` writes its value normalized, as normalizing after it would.
+    pub fn write_tensor(&self, image: &RgbImage, out: &mut [f32], rng: &mut impl Rng) {
         let (mean, std) = self.normalize.unwrap_or(([0.0; 3], [1.0; 3]));
         write_normalized_chw(image, mean, std, out);
+        let size = (image.height() as usize, image.width() as usize);
+        for (step, before_normalize) in &self.erasing {
+            let Transform::RandomErasing {
+                p,
+                scale,
+                ratio,
+                ref value,
+            } = *step
+            else {
+                continue;
+            };
+            if rng.random::<f64>() >= p {
+                continue;
+            }
+            let Some(rect) = erasing_box(size, scale, ratio, rng) else {
+                continue;
+            };
+            let normalized = |c: usize, v: f32| match before_normalize {
+                true => (v - mean[c]) / std[c],
+                false => v,
+            };
+            match value {
+                ErasingValue::Number(v) => erase(out, size, rect, |c| normalized(c, *v)),
+                ErasingValue::Channels(v) => erase(out, size, rect, |c| normalized(c, v[c])),
+                ErasingValue::Random(_) => erase(out, size, rect, |c| {
+                    normalized(c, StandardNormal.sample(&mut *rng))
+                }),
+            }
+        }
     }
 }
 
@@ -519,6 +630,53 @@ fn hsv_to_rgb([h, s, v]: [u8; 3]) -> [u8; 3] {
     }
 }
 
+/// torchvision's `RandomErasing.get_params`: up to ten tries at a box of `scale` of the area
+/// and aspect `ratio` (drawn log-uniform), in float32 as torch draws them; the first that fits
+/// inside the image, placed uniformly, as (top, left, height, width). `None`: no box fitted,
+/// and torchvision leaves the image as it is.
+pub fn erasing_box(
+    (height, width): (usize, usize),
+    scale: [f64; 2],
+    ratio: [f64; 2],
+    rng: &mut impl Rng,
+) -> Option<(usize, usize, usize, usize)> {
+    let area = (height * width) as f64;
+    let log_ratio = [(ratio[0] as f32).ln(), (ratio[1] as f32).ln()];
+    let uniform32 = |rng: &mut _, low: f32, high: f32| low + (high - low) * Rng::random::<f32>(rng);
+    for _ in 0..10 {
+        let erase_area = area * f64::from(uniform32(rng, scale[0] as f32, scale[1] as f32));
+        let aspect = f64::from(uniform32(rng, log_ratio[0], log_ratio[1]).exp());
+        // Python's round: half to even.
+        let h = (erase_area * aspect).sqrt().round_ties_even() as usize;
+        let w = (erase_area / aspect).sqrt().round_ties_even() as usize;
+        if !(h < height && w < width) {
+            continue;
+        }
+        let top = rng.random_range(0..=height - h);
+        let left = rng.random_range(0..=width - w);
+        return Some((top, left, h, w));
+    }
+    None
+}
+
+/// torchvision's `F.erase`: the box (top, left, height, width) of each channel of `tensor`
+/// (`[c, h, w]` of `size`) set to `fill(channel)`, called once per value written.
+pub fn erase(
+    tensor: &mut [f32],
+    (height, width): (usize, usize),
+    (top, left, h, w): (usize, usize, usize, usize),
+    mut fill: impl FnMut(usize) -> f32,
+) {
+    let plane = height * width;
+    for (c, channel) in tensor.chunks_exact_mut(plane).enumerate() {
+        for row in channel.chunks_exact_mut(width).skip(top).take(h) {
+            for value in &mut row[left..left + w] {
+                *value = fill(c);
+            }
+        }
+    }
+}
+
 /// `ToTensor()` then `Normalize(mean, std)`: CHW floats, `(value / 255 - mean) / std`.
 pub fn to_normalized_chw(image: &RgbImage, mean: [f32; 3], std: [f32; 3]) -> Vec<f32> {
     let mut out = vec![0f32; 3 * image.width() as usize * image.height() as usize];
@@ -722,5 +880,106 @@ mod tests {
         );
         assert!(bad(&[Transform::ToTensor, Transform::CenterCrop { size: 3 }]).contains("before"));
         assert!(bad(&[Transform::RandomHorizontalFlip { p: 1.5 }]).contains("p must"));
+        let erasing = |value: ErasingValue| Transform::RandomErasing {
+            p: 0.5,
+            scale: default_erasing_scale(),
+            ratio: default_erasing_ratio(),
+            value,
+        };
+        let zero = erasing(ErasingValue::Number(0.0));
+        assert!(bad(std::slice::from_ref(&zero)).contains("after to_tensor"));
+        let word = erasing(ErasingValue::Random("noise".into()));
+        assert!(bad(&[Transform::ToTensor, word]).contains("\"random\""));
+        let parsed: Config = toml::from_str(
+            r#"transforms = [{ op = "to_tensor" }, { op = "random_erasing", value = "random" },
+                { op = "random_erasing", p = 0.25, value = [1, 2, 3] }]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            parsed.transforms[1],
+            erasing(ErasingValue::Random("random".into()))
+        );
+        assert!(Pipeline::new(&parsed.transforms).is_ok());
+    }
+
+    /// The pipeline's tensor: the photo-like gradient, normalized, then `erasing`.
+    fn erased(steps: &[Transform], seed: u64) -> (Vec<f32>, Vec<f32>) {
+        let image = gradient(40, 30);
+        let pipeline = Pipeline::new(steps).unwrap();
+        let mut out = vec![0.0; 3 * 40 * 30];
+        pipeline.write_tensor(&image, &mut out, &mut Pcg64Mcg::seed_from_u64(seed));
+        let (mean, std) = pipeline.normalize.unwrap_or(([0.0; 3], [1.0; 3]));
+        (out, to_normalized_chw(&image, mean, std))
+    }
+
+    #[test]
+    fn random_erasing_fills_one_box_per_channel_with_its_value() {
+        let norm = Transform::Normalize {
+            mean: [0.5, 0.4, 0.3],
+            std: [0.2, 0.25, 0.5],
+        };
+        let erase = |value: ErasingValue| Transform::RandomErasing {
+            p: 1.0,
+            scale: [0.1, 0.2],
+            ratio: [0.5, 2.0],
+            value,
+        };
+        for seed in 0..20 {
+            // After normalize: the value as given. Before it: normalized as the image is.
+            let after = [
+                Transform::ToTensor,
+                norm.clone(),
+                erase(ErasingValue::Channels([7.0, 8.0, 9.0])),
+            ];
+            let before = [
+                Transform::ToTensor,
+                erase(ErasingValue::Number(0.5)),
+                norm.clone(),
+            ];
+            for (steps, values) in [
+                (&after[..], [7.0, 8.0, 9.0]),
+                (&before[..], [0.0, 0.4, 0.4]),
+            ] {
+                let (out, clean) = erased(steps, seed);
+                let changed: Vec<usize> = (0..out.len()).filter(|&i| out[i] != clean[i]).collect();
+                let per_channel = changed.len() / 3;
+                let share = per_channel as f64 / (40.0 * 30.0);
+                assert!((0.08..=0.22).contains(&share), "erased {share} of the area");
+                for &i in &changed {
+                    assert!(
+                        (out[i] - values[i / 1200]).abs() < 1e-6,
+                        "{} at {i}",
+                        out[i]
+                    );
+                }
+                // One rectangle: rows times columns of the changed values.
+                let rows: std::collections::BTreeSet<usize> =
+                    changed.iter().map(|i| i % 1200 / 40).collect();
+                let cols: std::collections::BTreeSet<usize> =
+                    changed.iter().map(|i| i % 40).collect();
+                assert_eq!(rows.len() * cols.len(), per_channel);
+            }
+        }
+        // p = 0 erases nothing; "random" writes noise, different per value.
+        let never = Transform::RandomErasing {
+            p: 0.0,
+            scale: [0.1, 0.2],
+            ratio: [0.5, 2.0],
+            value: ErasingValue::Number(0.0),
+        };
+        let (out, clean) = erased(&[Transform::ToTensor, never], 1);
+        assert_eq!(out, clean);
+        let noise = erase(ErasingValue::Random("random".into()));
+        let (out, clean) = erased(&[Transform::ToTensor, noise], 1);
+        let changed: Vec<f32> = (0..out.len())
+            .filter(|&i| out[i] != clean[i])
+            .map(|i| out[i])
+            .collect();
+        let mean = changed.iter().sum::<f32>() / changed.len() as f32;
+        assert!(
+            changed.len() > 300 && mean.abs() < 0.2,
+            "{} values, mean {mean}",
+            changed.len()
+        );
     }
 }

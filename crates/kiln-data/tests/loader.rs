@@ -4,9 +4,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use image::{Rgb, RgbImage};
+use kiln_data::transforms::ErasingValue;
 use kiln_data::{
-    Dataset, HostBatch, ImageFolder, ImageLimits, Loader, LoaderConfig, OnBadImage, Pipeline,
-    Shard, Synthetic, Transform,
+    Dataset, HostBatch, ImageFolder, ImageLimits, Loader, LoaderConfig, MixMode, Mixing,
+    OnBadImage, Pipeline, Shard, Synthetic, Transform,
 };
 
 fn synthetic(len: usize) -> Arc<dyn Dataset> {
@@ -36,8 +37,27 @@ fn augmenting() -> Pipeline {
             mean: [0.5; 3],
             std: [0.25; 3],
         },
+        Transform::RandomErasing {
+            p: 0.5,
+            scale: [0.02, 0.33],
+            ratio: [0.3, 3.3],
+            value: ErasingValue::Random("random".into()),
+        },
     ])
     .unwrap()
+}
+
+/// Mixup and CutMix per image, so that every image draws.
+fn mixing() -> Option<Mixing> {
+    Some(Mixing {
+        mixup_alpha: 0.8,
+        cutmix_alpha: 1.0,
+        prob: 0.8,
+        switch_prob: 0.5,
+        mode: MixMode::Elem,
+        label_smoothing: 0.1,
+        classes: 3,
+    })
 }
 
 fn collect(loader: &Loader, epoch: u64) -> Vec<HostBatch> {
@@ -46,9 +66,12 @@ fn collect(loader: &Loader, epoch: u64) -> Vec<HostBatch> {
 
 fn same(a: &[HostBatch], b: &[HostBatch]) -> bool {
     a.len() == b.len()
-        && a.iter()
-            .zip(b)
-            .all(|(x, y)| x.images == y.images && x.labels == y.labels && x.shape == y.shape)
+        && a.iter().zip(b).all(|(x, y)| {
+            x.images == y.images
+                && x.labels == y.labels
+                && x.shape == y.shape
+                && x.targets == y.targets
+        })
 }
 
 #[test]
@@ -58,6 +81,7 @@ fn the_same_seed_gives_the_same_batches_whatever_the_worker_count() {
         let config = LoaderConfig {
             workers,
             prefetch,
+            mixing: mixing(),
             ..LoaderConfig::new(8, seed)
         };
         Loader::new(dataset.clone(), augmenting(), config).unwrap()
@@ -65,6 +89,8 @@ fn the_same_seed_gives_the_same_batches_whatever_the_worker_count() {
     let reference = collect(&loader_with(0, 0, 9), 2);
     assert_eq!(reference.len(), 6);
     assert_eq!(reference[5].shape, [5, 3, 8, 8]);
+    // Mixed: a soft target row per image.
+    assert_eq!(reference[5].targets.as_ref().map(Vec::len), Some(5 * 3));
     for (workers, prefetch) in [(1, 0), (3, 1), (4, 8)] {
         assert!(
             same(&collect(&loader_with(workers, prefetch, 9), 2), &reference),
@@ -115,7 +141,11 @@ fn every_image_appears_once_per_epoch_and_drop_last_drops_the_remainder() {
 
 #[test]
 fn a_resumed_epoch_continues_with_the_same_batches() {
-    let loader = Loader::new(synthetic(30), augmenting(), LoaderConfig::new(4, 5)).unwrap();
+    let config = LoaderConfig {
+        mixing: mixing(),
+        ..LoaderConfig::new(4, 5)
+    };
+    let loader = Loader::new(synthetic(30), augmenting(), config).unwrap();
     let whole = collect(&loader, 1);
     let resumed: Vec<HostBatch> = loader.epoch_from(1, 5).map(Result::unwrap).collect();
     assert!(same(&whole[5..], &resumed));
@@ -225,6 +255,15 @@ fn impossible_configurations_are_refused() {
         ..LoaderConfig::new(4, 0)
     };
     assert!(err(dropping).contains("drop_last"));
+    let nothing_to_mix = LoaderConfig {
+        mixing: mixing().map(|m| Mixing {
+            mixup_alpha: 0.0,
+            cutmix_alpha: 0.0,
+            ..m
+        }),
+        ..LoaderConfig::new(2, 0)
+    };
+    assert!(err(nothing_to_mix).contains("mixup_alpha or cutmix_alpha"));
 }
 
 #[test]

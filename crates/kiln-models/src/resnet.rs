@@ -383,29 +383,37 @@ impl<B: Backend> ResNet<B> {
 
     /// Freezes every batch norm (see [`BatchNorm2d::frozen`]).
     pub fn with_frozen_batch_norm(mut self) -> Self {
-        self.bn1.frozen = true;
-        for stage in [
+        self.set_batch_norm_frozen(|_| true);
+        self
+    }
+
+    /// Freezes the batch norms for which `frozen` (given torchvision's module name: `bn1`,
+    /// `layer1.0.bn2`, `layer2.0.downsample.1`) says so, and unfreezes the others.
+    pub fn set_batch_norm_frozen(&mut self, frozen: impl Fn(&str) -> bool) {
+        self.bn1.frozen = frozen("bn1");
+        let stages = [
             &mut self.layer1,
             &mut self.layer2,
             &mut self.layer3,
             &mut self.layer4,
-        ] {
-            for block in stage.iter_mut() {
+        ];
+        for (stage_index, stage) in stages.into_iter().enumerate() {
+            for (index, block) in stage.iter_mut().enumerate() {
+                let prefix = format!("layer{}.{index}", stage_index + 1);
                 let (norms, downsample) = match block {
                     Block::Basic(b) => (vec![&mut b.bn1, &mut b.bn2], &mut b.downsample),
                     Block::Bottleneck(b) => {
                         (vec![&mut b.bn1, &mut b.bn2, &mut b.bn3], &mut b.downsample)
                     }
                 };
-                for norm in norms {
-                    norm.frozen = true;
+                for (i, norm) in norms.into_iter().enumerate() {
+                    norm.frozen = frozen(&format!("{prefix}.bn{}", i + 1));
                 }
                 if let Some(downsample) = downsample {
-                    downsample.bn.frozen = true;
+                    downsample.bn.frozen = frozen(&format!("{prefix}.downsample.1"));
                 }
             }
         }
-        self
     }
 }
 

@@ -344,6 +344,21 @@ fn list(out: &mut String, label: &str, items: &[String]) {
     out.push(';');
 }
 
+/// The model's trainable parameters: torchvision's name and burn's id of each, in the order
+/// of the state dict (buffers left out).
+pub fn torch_parameters<B: Backend>(model: &ResNet<B>) -> Vec<(String, ParamId)> {
+    let buffers = [".running_mean", ".running_var", ".num_batches_tracked"];
+    model
+        .collect(None, None, true)
+        .into_iter()
+        .filter_map(|snapshot| {
+            let name = torch_name(&snapshot.full_path());
+            let buffer = buffers.iter().any(|b| name.ends_with(b));
+            Some((name, snapshot.tensor_id?)).filter(|_| !buffer)
+        })
+        .collect()
+}
+
 /// Every parameter's gradient, keyed and laid out as PyTorch's `param.grad` after
 /// `loss.backward()`. Parameters that took no part in the loss are absent.
 pub fn torch_gradients<B: AutodiffBackend>(

@@ -4,11 +4,13 @@
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 use kiln_data::{DataError, HostBatch};
 
-/// A batch on the device: `images` `[n, 3, h, w]`, `labels` `[n]`, and the images the loader
-/// skipped while building it.
+/// A batch on the device: `images` `[n, 3, h, w]`, `labels` `[n]` (a mixed batch's dominant
+/// labels), a mixed batch's soft `targets` `[n, classes]`, and the images the loader skipped
+/// while building it.
 pub struct DeviceBatch<B: Backend> {
     pub images: Tensor<B, 4>,
     pub labels: Tensor<B, 1, Int>,
+    pub targets: Option<Tensor<B, 2>>,
     pub skipped: Vec<DataError>,
 }
 
@@ -27,9 +29,14 @@ pub fn to_device<B: Backend>(batch: HostBatch, device: &B::Device) -> DeviceBatc
     let count = batch.labels.len();
     let images = TensorData::new(batch.images, batch.shape);
     let labels = TensorData::new(batch.labels, [count]);
+    let targets = batch.targets.map(|targets| {
+        let classes = targets.len() / count.max(1);
+        Tensor::from_data(TensorData::new(targets, [count, classes]), device)
+    });
     DeviceBatch {
         images: Tensor::from_data(images, device),
         labels: Tensor::from_data(labels, device),
+        targets,
         skipped: batch.skipped,
     }
 }

@@ -163,6 +163,9 @@ pub fn load<B: AutodiffBackend>(
     let model = model
         .load_file(path.join("model"), &recorder(), device)
         .map_err(|e| read(e.to_string()))?;
+    // Each parameter's state goes to its group, found by the loaded model's ids.
+    let mut optimizer = optimizer;
+    optimizer.resolve(&kiln_models::weights::torch_parameters(&model), false);
     let optimizer = optimizer
         .load(&path.join("optimizer"), device)
         .map_err(|e| read(e.to_string()))?;

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 pub use bytesize::ByteSize;
-use kiln_data::{OnBadImage, Source, Transform};
+use kiln_data::{MixMode, Mixing, OnBadImage, Source, Transform};
 use kiln_models::{ModelError, Precision, ResNetConfig, Stem};
 use serde::{Deserialize, Serialize};
 
@@ -83,6 +83,9 @@ pub struct TrainConfig {
     /// Stop once a validation metric stops improving (absent: run every epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub early_stopping: Option<EarlyStoppingSection>,
+    /// Mixup and CutMix on the training batches (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixup: Option<MixupSection>,
 }
 
 /// `batch_size`: a number, or `"auto"` for the largest power of two that fits the device.
@@ -207,6 +210,14 @@ pub struct ModelSection {
     pub freeze_batch_norm: bool,
     /// `"torchvision"` for torchvision's ImageNet weights, or a path to a state dict.
     pub pretrained: Option<String>,
+    /// Parameters that do not train (torchvision names or prefixes, `"bn"`, `"bias"`; see
+    /// `param_groups`): no gradient, no optimizer state, their batch norms in eval mode.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub freeze: Vec<String>,
+    /// The epoch (counted from 1) from which the frozen parameters train too: the second phase
+    /// of a two-phase fine-tune. Absent: they stay frozen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unfreeze_at_epoch: Option<usize>,
 }
 
 impl Default for ModelSection {
@@ -219,6 +230,8 @@ impl Default for ModelSection {
             zero_init_residual: false,
             freeze_batch_norm: false,
             pretrained: None,
+            freeze: Vec::new(),
+            unfreeze_at_epoch: None,
         }
     }
 }
@@ -326,6 +339,30 @@ pub struct OptimizerConfig {
     /// `torch.nn.utils.clip_grad_value_(clip_value=...)` on every step's gradients.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clip_grad_value: Option<f64>,
+    /// Parameter groups (`[[optimizer.groups]]`), each parameter in the first that names it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupSection>,
+    /// Parameters without weight decay, in any group: `["bn", "bias"]` is timm's filter.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub no_weight_decay: Vec<String>,
+}
+
+/// `[[optimizer.groups]]`: a PyTorch parameter group of the parameters `params` names
+/// (torchvision names or prefixes, `"bn"`, `"bias"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSection {
+    pub params: Vec<String>,
+    /// The group's learning rate is the schedule's times this.
+    #[serde(default = "one_f64")]
+    pub lr_scale: f64,
+    /// The optimizer's when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_decay: Option<f64>,
+}
+
+fn one_f64() -> f64 {
+    1.0
 }
 
 fn default_betas() -> [f64; 2] {
@@ -364,6 +401,8 @@ impl OptimizerConfig {
             eps: default_eps(),
             clip_grad_norm: None,
             clip_grad_value: None,
+            groups: Vec::new(),
+            no_weight_decay: Vec::new(),
         }
     }
 
@@ -533,6 +572,50 @@ impl Default for EmaSection {
     }
 }
 
+/// `[mixup]`: timm's `Mixup` on each training batch (see `kiln_data::mix`), with the defaults
+/// of timm's `train.py`. The loss's `label_smoothing` goes into the soft targets, as timm does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MixupSection {
+    /// Mixup's Beta(alpha, alpha); 0: no mixup.
+    pub mixup_alpha: f64,
+    /// CutMix's Beta(alpha, alpha); 0: no CutMix.
+    pub cutmix_alpha: f64,
+    /// The chance that a batch (pair, image) is mixed.
+    pub prob: f64,
+    /// With both on, the chance of CutMix rather than mixup.
+    pub switch_prob: f64,
+    /// `"batch"`, `"pair"` or `"elem"`: what one draw mixes.
+    pub mode: MixMode,
+}
+
+impl Default for MixupSection {
+    fn default() -> Self {
+        Self {
+            mixup_alpha: 0.0,
+            cutmix_alpha: 0.0,
+            prob: 1.0,
+            switch_prob: 0.5,
+            mode: MixMode::Batch,
+        }
+    }
+}
+
+impl MixupSection {
+    /// The loader's mixing for a model of `classes` outputs.
+    pub fn mixing(&self, label_smoothing: f64, classes: usize) -> Mixing {
+        Mixing {
+            mixup_alpha: self.mixup_alpha,
+            cutmix_alpha: self.cutmix_alpha,
+            prob: self.prob,
+            switch_prob: self.switch_prob,
+            mode: self.mode,
+            label_smoothing,
+            classes,
+        }
+    }
+}
+
 /// `[eval]`: how `kiln eval` evaluates a model.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -662,6 +745,7 @@ impl TrainConfig {
             ema: None,
             eval: EvalSection::default(),
             early_stopping: None,
+            mixup: None,
         }
     }
 
@@ -690,13 +774,22 @@ impl TrainConfig {
         for assignment in overrides {
             apply_override(&mut table, assignment)?;
         }
-        let config: TrainConfig = toml::Value::Table(table).try_into().map_err(|e| {
+        let value = toml::Value::Table(table);
+        let config: TrainConfig = serde_path_to_error::deserialize(value).map_err(|e| {
+            let key = e.path().to_string();
             // Read the file alone again to point at the line when the file is at fault; if it
             // is not, an override is.
-            match toml::from_str::<TrainConfig>(text) {
+            let mut error = match toml::from_str::<TrainConfig>(text) {
                 Err(in_file) => parse_error(in_file, Some(text)),
-                Ok(_) => parse_error(e, None),
+                Ok(_) => parse_error(e.into_inner(), None),
+            };
+            // Name the key: toml's own message names the type, not where it was wanted.
+            if let ConfigError::Parse { message, .. } = &mut error
+                && key != "."
+            {
+                *message = format!("{key}: {message}");
             }
+            error
         })?;
         config.check(path)?;
         Ok(config)
@@ -803,6 +896,32 @@ impl TrainConfig {
                 return invalid(key, format!("must be positive, got {v}"));
             }
         }
+        for group in &o.groups {
+            if group.params.is_empty() {
+                return invalid("optimizer.groups", "params must name at least one".into());
+            }
+            if !(group.lr_scale > 0.0 && group.lr_scale.is_finite()) {
+                let problem = format!("lr_scale must be positive, got {}", group.lr_scale);
+                return invalid("optimizer.groups", problem);
+            }
+            if let Some(decay) = group.weight_decay.filter(|d| !(*d >= 0.0 && d.is_finite())) {
+                let problem = format!("weight_decay must be 0 or more, got {decay}");
+                return invalid("optimizer.groups", problem);
+            }
+        }
+        match self.model.unfreeze_at_epoch {
+            Some(_) if self.model.freeze.is_empty() => {
+                let problem = "needs model.freeze: it says when the frozen parameters train";
+                return invalid("model.unfreeze_at_epoch", problem.into());
+            }
+            Some(epoch) if epoch < 2 => {
+                let problem = format!(
+                    "must be 2 or more (epochs count from 1; 1 would freeze nothing), got {epoch}"
+                );
+                return invalid("model.unfreeze_at_epoch", problem);
+            }
+            _ => {}
+        }
         if o.clip_grad_norm.is_some() && o.clip_grad_value.is_some() {
             return invalid(
                 "optimizer.clip_grad_norm",
@@ -873,6 +992,18 @@ impl TrainConfig {
         }
         if let Some((key, problem)) = self.early_stopping.as_ref().and_then(|e| e.problem()) {
             return invalid(key, problem);
+        }
+        if let Some(mixup) = &self.mixup {
+            let mixing = mixup.mixing(self.loss.label_smoothing, 1);
+            if let Err(problem) = mixing.check() {
+                return invalid("[mixup]", problem);
+            }
+            if self.loss.class_weights.is_some() {
+                let problem = "cannot be combined with [mixup]: a mixed image's soft target has \
+                    no one class to weigh (timm's SoftTargetCrossEntropy has no weights either); \
+                    leave one of them out";
+                return invalid("loss.class_weights", problem.into());
+            }
         }
         if self.logging.print_every == 0 {
             return invalid("logging.print_every", "must be at least 1".into());
@@ -1034,5 +1165,53 @@ lr = 0.1
         );
         let err = parse(&MINIMAL.replace("lr = 0.1", ""), &[]).unwrap_err();
         assert!(err.contains("lr"), "{err}");
+    }
+
+    #[test]
+    fn the_recipe_sections_name_their_bad_keys_and_values() {
+        let mixup = "mixup.mixup_alpha=0.2";
+        for (sets, named) in [
+            (&["mixup.mixup_alpha=-1"][..], "mixup_alpha must"),
+            (&["mixup.prob=0.5"], "mixup_alpha or cutmix_alpha"),
+            (&[mixup, "mixup.mode=mixed"], "mixed"),
+            (&[mixup, "mixup.switch=0.5"], "switch"),
+            (&[mixup, "mixup.prob=2"], "prob must"),
+            (
+                &[mixup, "loss.class_weights=balanced"],
+                "loss.class_weights",
+            ),
+            (
+                &["data.train_transforms=[{ op = 'random_erasing' }]"],
+                "random_erasing",
+            ),
+            (
+                &["data.train_transforms=[{ op = 'to_tensor' }, { op = 'random_erasing', p = 2 }]"],
+                "random_erasing: p must",
+            ),
+            (&["ema.decay=1.5"], "ema.decay"),
+            (&["optimizer.clip_grad_norm=-1"], "optimizer.clip_grad_norm"),
+            (&["model.unfreeze_at_epoch=3"], "needs model.freeze"),
+            (
+                &["model.freeze=['layer1']", "model.unfreeze_at_epoch=1"],
+                "model.unfreeze_at_epoch",
+            ),
+            (
+                &["optimizer.groups=[{ params = ['fc'], lr_scale = 0 }]"],
+                "lr_scale",
+            ),
+            (&["optimizer.groups=[{ params = ['fc'], lr = 2 }]"], "lr"),
+            (&["optimizer.groups=[{ params = [] }]"], "optimizer.groups"),
+            (&["model.freeze='layer1'"], "model.freeze"),
+        ] {
+            let err = parse(MINIMAL, sets).unwrap_err();
+            assert!(err.contains(named), "{sets:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+        let config = parse(MINIMAL, &[mixup, "mixup.mode=pair"]).unwrap();
+        let mixing = config.mixup.unwrap().mixing(0.1, 10);
+        assert_eq!(
+            (mixing.mode, mixing.prob, mixing.classes),
+            (MixMode::Pair, 1.0, 10)
+        );
     }
 }

@@ -3,6 +3,7 @@
 //! checkpoint. The engine never prints; it reports [`Event`]s to an [`Observer`].
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -27,6 +28,7 @@ use crate::error::{TrainError, io_error};
 use crate::optim::AnyOptimizer;
 use crate::panics::{self, OutOfMemory};
 use crate::parallel::{Placement, Replicas};
+use crate::param_groups::ParamGroups;
 use crate::plan::{self, Budget, Plan};
 use crate::run_dir::{EpochSummary, RunDir};
 use crate::schedule::Schedule;
@@ -179,8 +181,17 @@ fn train_planned<B: AutodiffBackend>(
     let in_use_before_model = memory.current().unwrap_or(0);
     let model =
         build_model::<B>(&config.model, classes, &device)?.with_precision(config.precision());
+    let names: Vec<String> = (weights::torch_parameters(&model).into_iter())
+        .map(|(name, _)| name)
+        .collect();
+    let groups = ParamGroups::new(&names, &config.model, &config.optimizer)
+        .map_err(TrainError::ParamGroups)?;
+    let groups = Arc::new(groups);
     let optimizer_config = config.optimizer.clone();
-    let new_optimizer = move || AnyOptimizer::<ResNet<B>, B>::new(&optimizer_config);
+    let new_optimizer = {
+        let groups = groups.clone();
+        move || AnyOptimizer::<ResNet<B>, B>::with_groups(&optimizer_config, groups.clone())
+    };
     let mut replicas = Replicas::new(
         model,
         new_optimizer.clone(),
@@ -238,6 +249,8 @@ fn train_planned<B: AutodiffBackend>(
         }
         let clock = Instant::now();
         memory.reset_peak();
+        // A function of the epoch, like the schedule, so that resuming changes nothing.
+        replicas.set_frozen(groups.frozen_in(epoch));
         let mut host = train_loader.epoch_from(epoch as u64, position.batch);
         // Each step's batches are uploaded while the step before runs (see `load_next`).
         let mut loaded = load_next(&mut host, config.accumulate, &mut replicas, observer)?;
@@ -774,6 +787,8 @@ pub fn loaders(config: &TrainConfig, shard: Shard) -> Result<(Loader, Option<Loa
         DataError::Invalid("batch_size = \"auto\" is settled by `kiln train`; give a number".into())
     })?;
     let splits = data.source.open(config.seed, limits)?;
+    let classes = (config.model.num_classes).unwrap_or(splits.train.classes().len());
+    let mixing = config.mixup.as_ref();
     let loader_config = LoaderConfig {
         batch_size,
         shuffle: true,
@@ -783,6 +798,7 @@ pub fn loaders(config: &TrainConfig, shard: Shard) -> Result<(Loader, Option<Loa
         seed: config.seed,
         on_bad_image: data.on_bad_image,
         shard,
+        mixing: mixing.map(|m| m.mixing(config.loss.label_smoothing, classes)),
     };
     let train = Loader::new(
         splits.train,
@@ -793,6 +809,7 @@ pub fn loaders(config: &TrainConfig, shard: Shard) -> Result<(Loader, Option<Loa
         shuffle: false,
         drop_last: false,
         shard: Shard::WHOLE,
+        mixing: None,
         ..loader_config
     };
     let val = splits

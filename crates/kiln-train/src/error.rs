@@ -29,6 +29,8 @@ pub enum TrainError {
     Plan(#[from] PlanError),
     #[error("loss.class_weights {0}: give one per class, in the order of the data set's classes")]
     ClassWeights(String),
+    #[error("{0}")]
+    ParamGroups(String),
     #[error(
         "precision = \"{precision}\" does not run on this device ({reason}); use precision = \"f32\"{}",
         if *precision == "f32" { "" } else { " or train on a GPU that supports it (bf16 needs an NVIDIA GPU of the Ampere generation or later)" }

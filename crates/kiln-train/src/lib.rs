@@ -1,7 +1,8 @@
 //! kiln's engine, generic over burn's backends.
 //!
 //! - `config`: the TOML schema, `--set` overrides and checks.
-//! - `optim`, `schedule`: PyTorch's optimizers and learning-rate schedules.
+//! - `optim`, `schedule`: PyTorch's optimizers and learning-rate schedules; `param_groups`:
+//!   frozen parameters and parameter groups by torchvision name.
 //! - `step`: the one training step (and the model, loss and counts it needs), which training,
 //!   the benchmarks, the backend comparison and `measure` all run.
 //! - `engine`: the training loop and evaluation; `checkpoint` and `run_dir` keep its state and
@@ -25,6 +26,7 @@ pub mod measure;
 pub mod optim;
 pub mod panics;
 pub mod parallel;
+pub mod param_groups;
 pub mod plan;
 pub mod predict;
 pub mod progress;

@@ -147,6 +147,8 @@ pub struct Replicas<B: AutodiffBackend> {
     count: usize,
     /// The loss's class weights, by which a step's losses are shared out (see `StepPlan`).
     class_weights: Option<Vec<f32>>,
+    /// Whether `model.freeze` holds in the current epoch.
+    frozen: bool,
 }
 
 /// How long to wait for the replicas before saying what is being waited for.
@@ -202,6 +204,7 @@ impl<B: AutodiffBackend> Replicas<B> {
             sync_bn,
             count: placement.devices.len(),
             class_weights: None,
+            frozen: false,
         };
         if collective {
             replicas.join(placement)?;
@@ -310,6 +313,11 @@ impl<B: AutodiffBackend> Replicas<B> {
         Ok(())
     }
 
+    /// Holds `model.freeze` (or lifts it) from the next step on.
+    pub fn set_frozen(&mut self, frozen: bool) {
+        self.frozen = frozen;
+    }
+
     /// Uploads the next step's `batches` (one loader batch, or `accumulate` of them), each
     /// split between this machine's replicas; each replica uploads its part on its own thread.
     pub fn load(&mut self, batches: Vec<HostBatch>) -> Result<(), TrainError> {
@@ -374,6 +382,7 @@ impl<B: AutodiffBackend> Replicas<B> {
                 },
                 batch_weights: batch_weights(part),
                 peer: None,
+                frozen: self.frozen,
                 sync_bn: match self.machines && self.sync_bn {
                     // Per batch, this replica's images; summed over the machines in `step`.
                     true => part.iter().map(|b| Some(b.labels.len())).collect(),
@@ -620,6 +629,7 @@ pub fn split(batch: HostBatch, parts: usize) -> Vec<HostBatch> {
     }
     let [n, c, h, w] = batch.shape;
     let per_image = c * h * w;
+    let classes = batch.targets.as_ref().map_or(0, |t| t.len() / n.max(1));
     let mut skipped = Some(batch.skipped);
     (0..parts)
         .map(|i| {
@@ -631,7 +641,9 @@ pub fn split(batch: HostBatch, parts: usize) -> Vec<HostBatch> {
             HostBatch {
                 images: batch.images[range.start * per_image..range.end * per_image].to_vec(),
                 shape: [range.len(), c, h, w],
-                labels: batch.labels[range].to_vec(),
+                labels: batch.labels[range.clone()].to_vec(),
+                targets: (batch.targets.as_ref())
+                    .map(|t| t[range.start * classes..range.end * classes].to_vec()),
                 skipped: skipped.take().unwrap_or_default(),
             }
         })
@@ -665,6 +677,7 @@ mod tests {
             images: (0..n * 3).map(|i| i as f32).collect(),
             shape: [n, 3, 1, 1],
             labels: (0..n as i64).collect(),
+            targets: Some((0..n * 2).map(|i| i as f32).collect()),
             skipped: Vec::new(),
         }
     }
@@ -678,6 +691,8 @@ mod tests {
         assert_eq!(labels, (0..7).collect::<Vec<_>>());
         let images: Vec<f32> = parts.iter().flat_map(|p| p.images.clone()).collect();
         assert_eq!(images, batch(7).images);
+        let targets = parts.iter().flat_map(|p| p.targets.clone().unwrap());
+        assert_eq!(targets.collect::<Vec<_>>(), batch(7).targets.unwrap());
         assert!(parts.iter().all(|p| p.shape[0] == p.labels.len()));
     }
 

@@ -221,8 +221,13 @@ pub fn summary_text(
         config.batch_size
     );
     if let Some(s) = last {
+        // Under mixup and CutMix an image has two labels; accuracy counts the heavier one.
+        let counted = match config.mixup {
+            Some(_) => " (against each mixed image's dominant label)",
+            None => "",
+        };
         text += &format!(
-            "final train loss {:.4}, accuracy {:.2}%\n",
+            "final train loss {:.4}, accuracy {:.2}%{counted}\n",
             s.train_loss,
             s.train_accuracy * 100.0
         );

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use burn::collective::PeerId;
 use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
 use kiln_models::pretrained;
@@ -62,6 +63,13 @@ pub fn loss_function<B: Backend>(
         .init(device)
 }
 
+/// Cross-entropy against soft targets (mixup's and CutMix's, smoothing included), averaged over
+/// the batch: timm's `SoftTargetCrossEntropy`.
+pub fn soft_cross_entropy<B: Backend>(logits: Tensor<B, 2>, targets: Tensor<B, 2>) -> Tensor<B, 1> {
+    let per_image = (targets * log_softmax(logits, 1)).sum_dim(1).neg();
+    per_image.mean()
+}
+
 /// How many rows of `logits` have their largest value at `labels`, on the device.
 pub fn count_correct<B: Backend>(
     logits: Tensor<B, 2>,
@@ -87,6 +95,8 @@ pub struct StepPlan {
     /// With `sync_bn`, per batch of the step: the batch's images on all replicas, when every
     /// replica has some (a sum over replicas waits for all of them); `None` runs it unsynced.
     pub sync_bn: Vec<Option<usize>>,
+    /// Whether `model.freeze` holds in this step's epoch.
+    pub frozen: bool,
 }
 
 impl StepPlan {
@@ -98,6 +108,7 @@ impl StepPlan {
             batch_weights: Vec::new(),
             peer: None,
             sync_bn: Vec::new(),
+            frozen: false,
         }
     }
 }
@@ -143,6 +154,8 @@ pub struct Replica<B: AutodiffBackend> {
     pub ema: Option<Ema<B, ResNet<B>>>,
     /// Every step since the last read.
     pending: Vec<PendingStep<B::InnerBackend>>,
+    /// Whether the model and optimizer hold `model.freeze` now.
+    frozen: bool,
 }
 
 impl<B: AutodiffBackend> Replica<B> {
@@ -152,7 +165,7 @@ impl<B: AutodiffBackend> Replica<B> {
         loss_fn: CrossEntropyLoss<B>,
         device: B::Device,
     ) -> Self {
-        Self {
+        let mut replica = Self {
             scaler: (model.precision == Precision::F16).then(LossScaler::default),
             model: Some(model),
             optimizer,
@@ -160,7 +173,23 @@ impl<B: AutodiffBackend> Replica<B> {
             device,
             ema: None,
             pending: Vec::new(),
-        }
+            frozen: false,
+        };
+        replica.set_frozen(false);
+        replica
+    }
+
+    /// Holds `model.freeze` or lifts it: the frozen parameters' batch norms in eval mode or
+    /// not, and the optimizer told which parameters (by their current ids) train.
+    fn set_frozen(&mut self, frozen: bool) {
+        self.frozen = frozen;
+        let Some(groups) = self.optimizer.groups().cloned() else {
+            return;
+        };
+        let model = self.model.as_mut().expect("a replica holds its model");
+        model.set_batch_norm_frozen(|module| groups.freezes_batch_norm(module, frozen));
+        self.optimizer
+            .resolve(&weights::torch_parameters(model), frozen);
     }
 
     pub fn model(&self) -> &ResNet<B> {
@@ -173,6 +202,7 @@ impl<B: AutodiffBackend> Replica<B> {
     pub fn replace(&mut self, model: ResNet<B>, optimizer: AnyOptimizer<ResNet<B>, B>) {
         self.model = Some(model);
         self.optimizer = optimizer;
+        self.set_frozen(self.frozen);
     }
 
     /// Takes the model and optimizer out (to restore a checkpoint into them).
@@ -195,6 +225,9 @@ impl<B: AutodiffBackend> Replica<B> {
         plan: &StepPlan,
         lr: f64,
     ) -> Result<(), ParallelError> {
+        if plan.frozen != self.frozen {
+            self.set_frozen(plan.frozen);
+        }
         let model = self
             .model
             .take()
@@ -218,7 +251,10 @@ impl<B: AutodiffBackend> Replica<B> {
                 _ => model.forward(batch.images),
             };
             let correct = count_correct(logits.clone().inner(), batch.labels.clone().inner());
-            let loss = self.loss_fn.forward(logits, batch.labels);
+            let loss = match batch.targets {
+                Some(targets) => soft_cross_entropy(logits, targets),
+                None => self.loss_fn.forward(logits, batch.labels),
+            };
             pending.push(Pending {
                 images: n,
                 loss: loss.clone().inner(),
@@ -252,6 +288,8 @@ impl<B: AutodiffBackend> Replica<B> {
         if let Some(scaler) = &mut self.scaler {
             grads = grads.and_then(|g| scaler.unscale(&model, g));
         }
+        // Frozen parameters have no gradient (autodiff computed theirs all the same).
+        grads = grads.map(|g| self.optimizer.trainable(&model, g));
         let mut grad_norm = None;
         if let Some(unclipped) = grads.take() {
             grads = Some(match self.optimizer.clipping.is_on() {

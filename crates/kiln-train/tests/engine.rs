@@ -10,10 +10,13 @@ use burn::backend::{Autodiff, Flex};
 use common::{take_turn, train_on_cpu};
 use kiln_backend::MemoryMeter;
 use kiln_data::Shard;
+use kiln_models::weights;
 use kiln_train::checkpoint::{self, Position};
 use kiln_train::config::Tta;
 use kiln_train::engine::loaders;
 use kiln_train::parallel::Placement;
+use kiln_train::param_groups::selects;
+use kiln_train::run_dir;
 use kiln_train::step::build_model;
 use kiln_train::{
     EpochSummary, Event, Observer, Outcome, RunDir, Silent, TrainConfig, evaluate, train,
@@ -85,8 +88,10 @@ fn numbers(history: &[EpochSummary]) -> Vec<[f64; 9]> {
         .collect()
 }
 
-/// With the weights' average (updated every 2 steps, copying during the first epoch) and
-/// gradient clipping on, both checkpointed or recomputed exactly.
+/// With the weights' average (updated every 2 steps, copying during the first epoch), gradient
+/// clipping, mixup and CutMix, random erasing, and parameter groups with the stem frozen for two
+/// epochs on: each checkpointed or drawn again exactly (the first resume while frozen, the
+/// second after).
 #[test]
 fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
     let _turn = take_turn();
@@ -96,6 +101,17 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
         "ema.every=2",
         "ema.warmup_epochs=1",
         "optimizer.clip_grad_norm=0.5",
+        "loss.label_smoothing=0.1",
+        "mixup.mixup_alpha=0.8",
+        "mixup.cutmix_alpha=1.0",
+        "mixup.prob=0.8",
+        "mixup.mode='pair'",
+        "model.freeze=['conv1', 'bn1']",
+        "model.unfreeze_at_epoch=3",
+        "optimizer.no_weight_decay=['bn', 'bias']",
+        "optimizer.groups=[{ params = ['fc'], lr_scale = 2.0 }]",
+        "data.train_transforms=[{ op = 'random_crop', size = 8, padding = 1 }, \
+            { op = 'to_tensor' }, { op = 'random_erasing', value = 'random' }]",
     ];
     let config = config(runs.path(), &recipe);
     let never = AtomicBool::new(false);
@@ -132,6 +148,10 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
     }
     assert_eq!(numbers(&interrupted.history()), expected);
     assert!(interrupted.model_path().is_file());
+    let history = interrupted.history();
+    let model = interrupted.model_path();
+    let summary = run_dir::summary_text(&config, &interrupted, history.last(), &model, None);
+    assert!(summary.contains("dominant label"), "{summary}");
     for file in [
         "config.toml",
         "metrics.csv",
@@ -322,4 +342,45 @@ fn a_checkpoint_written_on_one_backend_resumes_on_another() {
     let history = run.history();
     assert_eq!(history.len(), 2);
     assert!(history[1].train_loss.is_finite() && history[1].iteration == 12);
+}
+
+/// Frozen parameters, and the running statistics of their batch norms (in eval mode), end as
+/// they started; the rest train.
+#[test]
+fn frozen_parameters_and_their_batch_norms_stay_as_they_were() {
+    let _turn = take_turn();
+    let runs = tempfile::tempdir().unwrap();
+    let start = runs.path().join("start.safetensors");
+    let plain = config(runs.path(), &[]);
+    let device = Default::default();
+    let model = build_model::<Flex>(&plain.model, 3, &device).unwrap();
+    weights::save_safetensors(&model, &start).unwrap();
+    let pretrained = format!("model.pretrained='{}'", start.display());
+    let frozen = ["conv1", "bn1", "layer1"];
+    let config = config(
+        runs.path(),
+        &[
+            "epochs = 1",
+            &pretrained,
+            "model.freeze = ['conv1', 'bn1', 'layer1']",
+        ],
+    );
+    let run = RunDir::create(runs.path(), &config).unwrap();
+    let never = AtomicBool::new(false);
+    train_on_cpu(&config, &run, false, 1, &mut Silent, &never).unwrap();
+
+    let before = weights::torch_state_dict(&model);
+    let (trained, _) = weights::load(model, &run.model_path()).unwrap();
+    let after = weights::torch_state_dict(&trained);
+    let mut changed = 0;
+    for (name, value) in &after {
+        let same = before[name] == *value;
+        if frozen.iter().any(|f| selects(f, name)) {
+            assert!(same, "{name} is frozen but changed");
+        } else if !name.ends_with("num_batches_tracked") {
+            changed += usize::from(!same);
+        }
+    }
+    assert!(after.keys().any(|n| n == "layer1.0.bn1.running_mean"));
+    assert!(changed > 20, "only {changed} tensors trained");
 }

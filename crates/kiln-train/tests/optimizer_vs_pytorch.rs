@@ -3,17 +3,23 @@
 //! float64; kiln computes in float32, hence the 1e-5 tolerance). Gradient clipping too, over
 //! two parameters, as `torch.nn.utils.clip_grad_norm_` and `clip_grad_value_` do it, and the
 //! weights' moving average against torchvision's (`AveragedModel` with an EMA update), and the
-//! class-weighted, label-smoothed loss against `CrossEntropyLoss(weight=..., label_smoothing=...)`.
+//! class-weighted, label-smoothed loss against `CrossEntropyLoss(weight=..., label_smoothing=...)`,
+//! and parameter groups with frozen parameters against PyTorch's parameter groups.
+
+use std::sync::Arc;
 
 use burn::backend::{Autodiff, Flex};
-use burn::module::{Module, Param, RunningState};
+use burn::module::{Module, Param, ParamId, RunningState};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
 use kiln_train::clip::clip_gradients;
-use kiln_train::config::{ClassWeights, OptimizerConfig, OptimizerName, TrainConfig};
+use kiln_train::config::{
+    ClassWeights, GroupSection, ModelSection, OptimizerConfig, OptimizerName, TrainConfig,
+};
 use kiln_train::ema::Ema;
 use kiln_train::optim::AnyOptimizer;
+use kiln_train::param_groups::ParamGroups;
 
 #[derive(Module, Debug)]
 struct Weights<B: burn::tensor::backend::Backend> {
@@ -91,6 +97,8 @@ fn config(name: OptimizerName, edit: impl FnOnce(&mut OptimizerConfig)) -> Optim
         eps: 1e-8,
         clip_grad_norm: None,
         clip_grad_value: None,
+        groups: Vec::new(),
+        no_weight_decay: Vec::new(),
     };
     edit(&mut config);
     config
@@ -336,4 +344,105 @@ lr = 0.1
         assert!((got - want).abs() < 1e-6, "{balanced:?}");
     }
     assert!(ClassWeights::List(vec![1.0]).resolve(&[2, 2]).is_err());
+}
+
+/// Parameters as a ResNet names them, each a flat tensor.
+#[derive(Module, Debug)]
+struct Flat<B: burn::tensor::backend::Backend> {
+    params: Vec<Param<Tensor<B, 1>>>,
+}
+
+/// Runs the parameter-group steps of `name` (frozen parameters until the fixture's step,
+/// state saved and loaded into a fresh optimizer half-way) and returns the largest difference.
+fn run_groups<B: AutodiffBackend>(name: &str, optimizer: OptimizerConfig) -> f32 {
+    let data = reference()["parameter_groups"].clone();
+    let start = data["start"].as_object().unwrap();
+    let names: Vec<String> = start.keys().cloned().collect();
+    let device = B::Device::default();
+    let tensor = |values: &serde_json::Value| {
+        let values = floats(values);
+        let len = values.len();
+        Tensor::<B, 1>::from_data(TensorData::new(values, [len]), &device)
+    };
+    let mut model = Flat::<B> {
+        params: names
+            .iter()
+            .map(|n| Param::from_tensor(tensor(&start[n])))
+            .collect(),
+    };
+    let ids: Vec<(String, ParamId)> = names
+        .iter()
+        .cloned()
+        .zip(model.params.iter().map(|p| p.id))
+        .collect();
+    let frozen: Vec<String> = serde_json::from_value(data["frozen"].clone()).unwrap();
+    let section = ModelSection {
+        freeze: frozen,
+        ..ModelSection::default()
+    };
+    let groups = Arc::new(ParamGroups::new(&names, &section, &optimizer).unwrap());
+    let mut adam = AnyOptimizer::<Flat<B>, B>::with_groups(&optimizer, groups.clone());
+    let unfreeze = data["unfreeze"].as_u64().unwrap() as usize;
+    let expected = &data["runs"][name]["steps"];
+    let saved = tempfile::tempdir().unwrap();
+    let mut worst = 0f32;
+    let lrs = data["lrs"].as_array().unwrap();
+    for (step, (grads, lr)) in data["grads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(lrs)
+        .enumerate()
+    {
+        if step == unfreeze + 1 {
+            // Every group has state by now: a checkpoint's round trip keeps each in its group.
+            adam.save(&saved.path().join("optimizer")).unwrap();
+            adam = AnyOptimizer::with_groups(&optimizer, groups.clone());
+            adam.resolve(&ids, false);
+            adam = adam.load(&saved.path().join("optimizer"), &device).unwrap();
+        }
+        adam.resolve(&ids, step < unfreeze);
+        // d/dp sum(p * g) = g, for every parameter.
+        let loss = (names.iter().zip(&model.params))
+            .map(|(n, p)| (p.val() * tensor(&grads[n])).sum())
+            .reduce(|a, b| a + b)
+            .unwrap();
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let grads = adam.trainable(&model, grads);
+        model = adam.step(lr.as_f64().unwrap(), model, grads);
+        for (n, p) in names.iter().zip(&model.params) {
+            let got: Vec<f32> = p.val().into_data().to_vec().unwrap();
+            for (a, b) in got.iter().zip(floats(&expected[step][n])) {
+                worst = worst.max((a - b).abs());
+            }
+        }
+    }
+    worst
+}
+
+#[test]
+fn parameter_groups_and_freezing_follow_pytorchs_parameter_groups() {
+    let data = reference()["parameter_groups"].clone();
+    let fc = GroupSection {
+        params: vec!["fc".into()],
+        lr_scale: data["fc_lr_scale"].as_f64().unwrap(),
+        weight_decay: data["fc_weight_decay"].as_f64(),
+    };
+    for (name, optimizer) in [("sgd", OptimizerName::Sgd), ("adamw", OptimizerName::Adamw)] {
+        let config = config(optimizer, |c| {
+            if name == "sgd" {
+                c.momentum = 0.9;
+                c.nesterov = true;
+            }
+            c.weight_decay = data["runs"][name]["weight_decay"].as_f64();
+            c.no_weight_decay = vec!["bn".into(), "bias".into()];
+            c.groups = vec![fc.clone()];
+        });
+        let worst = run_groups::<Autodiff<Flex>>(name, config);
+        println!("{name} with groups: largest difference from PyTorch {worst:.2e}");
+        assert!(
+            worst < 1e-5,
+            "{name} with groups differs from PyTorch by {worst}"
+        );
+    }
 }

@@ -107,9 +107,11 @@ fn two_replicas_train_as_one_device_on_the_whole_batch() {
 }
 
 /// Clipping (on the all-reduced gradients), balanced class weights and the weights' average
-/// (kept by replica 0, exported here) give the same model on two replicas as on one device.
+/// (kept by replica 0, exported here) give the same model on two replicas as on one device;
+/// so do mixup and CutMix (per image) with random erasing, which the loader does before the
+/// batch is shared out.
 #[test]
-fn two_replicas_with_clipping_class_weights_and_ema_train_as_one_device() {
+fn two_replicas_with_the_recipe_train_as_one_device() {
     let _turn = take_turn();
     let runs = tempfile::tempdir().unwrap();
     let recipe = [
@@ -128,6 +130,24 @@ fn two_replicas_with_clipping_class_weights_and_ema_train_as_one_device() {
     assert!(
         max_difference(&one, &plain) > 1e-3,
         "the export is not the average"
+    );
+
+    let mixing = [
+        "optimizer.clip_grad_norm = 0.3",
+        "ema.every = 1",
+        "loss.label_smoothing = 0.1",
+        "mixup.mixup_alpha = 0.8",
+        "mixup.cutmix_alpha = 1.0",
+        "mixup.mode = 'elem'",
+        "data.train_transforms = [{ op = 'to_tensor' }, { op = 'random_erasing', p = 1.0 }]",
+    ];
+    let mixed = self::config(runs.path(), &mixing);
+    let one = trained(&mixed, 1);
+    assert_same_training(&mixed, &one, &trained(&mixed, 2));
+    let unmixed = trained(&self::config(runs.path(), &mixing[..3]), 1);
+    assert!(
+        max_difference(&one, &unmixed) > 1e-3,
+        "mixing changes the training"
     );
 }
 
@@ -219,6 +239,7 @@ fn a_replica_that_fails_ends_the_step_with_its_error_while_the_other_waits_for_i
         images: vec![0.5; 4 * 3 * 8 * 8],
         shape: [4, 3, 8, 8],
         labels: vec![0, 1, 2, 0],
+        targets: None,
         skipped: Vec::new(),
     };
     // One healthy step, then replica 1 fails while replica 0 goes into the gradients'

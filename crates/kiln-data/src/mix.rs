@@ -156,7 +156,7 @@ impl Mixing {
         let [n, _, height, width] = shape;
         let image_len = images.len() / n.max(1);
         let original = images.to_vec();
-        // Per image: its partner's index, and its own weight in f32 and its partner's.
+        // Per image: its own weight in its soft target, and its mirror's, in f32.
         let mut weights = vec![(1.0f32, 0.0f32); n];
         // timm's batch mode keeps lambda a Python float; the others hold it in a float32 array,
         // box arithmetic included.

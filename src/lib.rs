@@ -37,8 +37,18 @@ pub fn train(
 ) -> anyhow::Result<Outcome> {
     let resolved = resolve(backend, devices, &probe())?;
     configure_kernel_cache(&resolved);
+    let mut config = config.clone();
+    // GPU runs are long and a kill would lose a whole epoch: checkpoint every half hour too,
+    // unless the config says when.
+    let checkpoints = &mut config.checkpoints;
+    if resolved.backend.compiles_kernels()
+        && checkpoints.every_minutes.is_none()
+        && checkpoints.every_steps.is_none()
+    {
+        checkpoints.every_minutes = Some(30.0);
+    }
     let task = Train {
-        config: config.clone(),
+        config,
         run: RunDir::open(&run.path),
         resume,
         compiles_kernels: resolved.backend.compiles_kernels(),
@@ -132,7 +142,8 @@ fn eval_batch_size(config: &TrainConfig, available: Option<u64>) -> TrainConfig 
     let budget = Budget::of(config, available).map(|b| b.bytes);
     let batch = plan
         .zip(budget)
-        .and_then(|(plan, budget)| plan.auto_batch_size(budget).ok())
+        .and_then(|(plan, budget)| plan.auto_batch_size(budget, None).ok())
+        .map(|auto| auto.batch_size)
         .unwrap_or(UNPLANNED);
     let mut settled = config.clone();
     if config.batch_size == BatchSize::Auto {
@@ -198,7 +209,10 @@ pub fn plan(
         }),
         None => Budget::of(config, meter.available()),
     };
-    let auto_batch_size = budget.and_then(|b| plan.auto_batch_size(b.bytes).ok());
+    let train_images = config.data.source.train_size();
+    let auto_batch_size = budget
+        .and_then(|b| plan.auto_batch_size(b.bytes, train_images).ok())
+        .map(|auto| auto.batch_size);
     let per_device = match config.batch_size {
         BatchSize::Fixed(batch) => plan.per_device(batch),
         BatchSize::Auto => auto_batch_size.map_or(1, |batch| plan.per_device(batch)),

@@ -94,6 +94,8 @@ fn parse<T: std::str::FromStr<Err = kiln_backend::BackendError>>(s: &str) -> Res
 }
 
 fn main() -> ExitCode {
+    // SAFETY: the first thing kiln does, before any thread starts.
+    unsafe { kiln_backend::quiet_headless_vulkan() };
     install_logger();
     install_panic_hook();
     let cli = Cli::parse();

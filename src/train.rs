@@ -138,6 +138,7 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
                 );
             }
             let config = TrainConfig::load(&run.config_path(), &args.options.overrides)?;
+            config.check_resume_change(&TrainConfig::load(&run.config_path(), &[])?)?;
             (config, run, true)
         }
         (Some(path), None) => {

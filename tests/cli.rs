@@ -31,6 +31,22 @@ fn devices_lists_the_cpu_backend_and_the_choice_of_auto() {
     assert!(!chosen.contains("llvmpipe"), "{chosen}");
 }
 
+/// On a machine without a display session, Mesa's Vulkan device-selection layer made libwayland
+/// print "error: XDG_RUNTIME_DIR is invalid or not set" for every probe, before anything else.
+#[test]
+fn probing_devices_on_a_headless_machine_prints_nothing_on_stderr() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["devices"])
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("NODEVICE_SELECT")
+        .env_remove("MESA_VK_DEVICE_SELECT")
+        .env_remove("DRI_PRIME")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    assert_eq!(errors(&output), Vec::<String>::new());
+}
+
 #[test]
 fn a_backend_that_is_not_there_is_one_line_and_a_failure() {
     let cases: &[&[&str]] = &[

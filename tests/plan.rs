@@ -99,10 +99,14 @@ fn auto_batch_size_trains_and_records_the_number_it_chose() {
         "batch_size=auto",
         "--set",
         "model.width=8",
+        "--set",
+        "data.source.train_size=512",
     ]);
     assert!(output.status.success(), "{:?}", errors(&output));
     let lines = errors(&output).join("\n");
     assert!(lines.contains("batch_size \"auto\": "), "{lines}");
+    // 512 images leave room for 16 steps an epoch up to a batch of 32.
+    assert!(lines.contains("batch_size \"auto\" chose"), "{lines}");
     let run = std::fs::read_dir(dir.path().join("runs"))
         .unwrap()
         .next()
@@ -112,7 +116,10 @@ fn auto_batch_size_trains_and_records_the_number_it_chose() {
     let recorded = std::fs::read_to_string(run.join("config.toml")).unwrap();
     let chosen: toml::Table = toml::from_str(&recorded).unwrap();
     let batch = chosen["batch_size"].as_integer().unwrap();
-    assert!(batch > 8 && (batch as u64).is_power_of_two(), "{recorded}");
+    assert!(
+        batch > 8 && batch <= 32 && (batch as u64).is_power_of_two(),
+        "{recorded}"
+    );
 }
 
 #[test]

@@ -105,6 +105,15 @@ fn every_shipped_config_runs_one_iteration_on_synthetic_data() {
         let epoch: serde_json::Value =
             serde_json::from_str(history.lines().next().unwrap()).unwrap();
         assert_eq!(epoch["iteration"], 1, "{}", config.display());
+        // A config with the weights' average validates it too.
+        let text = std::fs::read_to_string(&config).unwrap();
+        if text.contains("[ema]") {
+            assert!(
+                epoch["ema_val_top1"].is_number(),
+                "{}: {epoch}",
+                config.display()
+            );
+        }
     }
 }
 
@@ -142,4 +151,197 @@ fn config_mistakes_end_with_one_line_naming_the_key() {
     }
     // Nothing ran, so no run directory was left behind.
     assert_eq!(std::fs::read_dir(runs.path()).unwrap().count(), 0);
+}
+
+/// `data.workers = 100000` used to abort the process from the thread limit ("failed to set up
+/// alternative stack guard page"); the request is lowered, with the reason.
+#[test]
+fn too_many_loader_workers_are_lowered_with_a_warning() {
+    let runs = tempfile::tempdir().unwrap();
+    let runs_dir = format!("logging.runs_dir={}", runs.path().display());
+    let output = kiln(&[
+        "train",
+        "--config",
+        "configs/quickstart.toml",
+        "--backend",
+        "flex",
+        "--set",
+        "data.source={ kind = \"synthetic\", train_size = 8, val_size = 4, image_size = 8, num_classes = 2 }",
+        "--set",
+        "epochs=1",
+        "--set",
+        "data.workers=100000",
+        "--set",
+        &runs_dir,
+    ]);
+    let lines = errors(&output);
+    assert!(output.status.success(), "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("data.workers = 100000") && l.contains("using")),
+        "{lines:?}"
+    );
+}
+
+/// The figures of each epoch that must not depend on interruptions (times may).
+fn trajectory(run: &Path) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            let epoch: serde_json::Value = serde_json::from_str(line).unwrap();
+            [
+                "epoch",
+                "iteration",
+                "lr",
+                "train_loss",
+                "val_loss",
+                "val_top1",
+            ]
+            .iter()
+            .map(|key| epoch[key].to_string())
+            .collect()
+        })
+        .collect()
+}
+
+/// The highest `[epoch E, iteration I]` a process printed (every iteration is printed).
+fn last_iteration(console: &str) -> Option<usize> {
+    console
+        .lines()
+        .filter_map(|line| line.split("iteration ").nth(1))
+        .filter_map(|rest| rest.split(']').next()?.parse().ok())
+        .max()
+}
+
+/// `kill -9` at seeded random moments (checkpoint writes included: one is written every two
+/// steps), then `--resume`, twelve times, then once more to the end: its metrics are the uninterrupted run's, and no
+/// resume redoes more than the two steps since the last checkpoint.
+#[test]
+fn a_run_killed_at_random_moments_and_resumed_ends_as_an_uninterrupted_one() {
+    let runs = tempfile::tempdir().unwrap();
+    let args = |runs: &Path| -> Vec<String> {
+        [
+            "--backend",
+            "flex",
+            "--devices",
+            "0",
+            "--set",
+            "data.source={ kind = \"synthetic\", train_size = 96, val_size = 16, image_size = 16, num_classes = 3 }",
+            "--set",
+            "epochs=6",
+            "--set",
+            "batch_size=8",
+            "--set",
+            "model.width=8",
+            "--set",
+            "data.workers=1",
+            "--set",
+            "checkpoints.every_steps=2",
+            "--set",
+            "logging.print_every=1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([
+            "--set".into(),
+            format!("logging.runs_dir={}", runs.display()),
+        ])
+        .collect()
+    };
+    let start = |runs: &Path| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"));
+        command
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["train", "--config", "configs/quickstart.toml"])
+            .args(args(runs));
+        command
+    };
+    let whole = runs.path().join("whole");
+    let clock = std::time::Instant::now();
+    let output = start(&whole).output().unwrap();
+    // Kills land anywhere in a run as long as this one, whatever the machine's speed.
+    let duration = clock.elapsed().as_secs_f64();
+    assert!(output.status.success(), "{:?}", errors(&output));
+    let expected = trajectory(&run_dir(&whole));
+    assert_eq!(expected.len(), 6);
+
+    let killed = runs.path().join("killed");
+    // A small linear congruential generator: the same moments every time.
+    let mut state = 0x2545_f491u64;
+    let mut next_delay = || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        // Short enough that a dozen kills land before the run is done.
+        let fraction = 0.02 + 0.18 * (state >> 11) as f64 / (1u64 << 53) as f64;
+        std::time::Duration::from_secs_f64(duration * fraction)
+    };
+    let (mut kills, mut finished) = (0, false);
+    let mut last_printed: Option<usize> = None;
+    for _ in 0..40 {
+        let existing = std::fs::read_dir(&killed).map_or(0, |d| d.count());
+        let mut command = match existing {
+            0 => start(&killed),
+            _ => {
+                let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"));
+                command
+                    .current_dir(env!("CARGO_MANIFEST_DIR"))
+                    .args(["train", "--resume"])
+                    .arg(run_dir(&killed));
+                command
+            }
+        };
+        let mut child = command
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + next_delay();
+        while std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        if child.try_wait().unwrap().is_none() && kills < 12 {
+            child.kill().unwrap();
+        }
+        let output = child.wait_with_output().unwrap();
+        // Killed (rather than finished just before the signal).
+        kills += usize::from(output.status.code().is_none());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        // The console's lines (iterations included) go to standard error.
+        let stdout = format!("{}{stderr}", String::from_utf8_lossy(&output.stdout));
+        // A resume starts at the step after its checkpoint: at most two steps are done again.
+        if let (Some(before), Some(first)) = (last_printed, first_iteration(&stdout)) {
+            assert!(
+                first + 2 > before,
+                "resumed at iteration {first} after {before} had been printed"
+            );
+        }
+        if let Some(last) = last_iteration(&stdout) {
+            last_printed = Some(last_printed.map_or(last, |l: usize| l.max(last)));
+        }
+        if output.status.success() {
+            finished = true;
+            break;
+        }
+        // Killed before the first checkpoint: nothing to resume, so start again.
+        if stderr.contains("no checkpoint") || stderr.contains("not a kiln run directory") {
+            std::fs::remove_dir_all(&killed).unwrap();
+            last_printed = None;
+        } else if output.status.code().is_some() {
+            panic!("kiln failed: {stderr}");
+        }
+    }
+    assert!(finished, "the run never finished");
+    assert!(kills >= 5, "only {kills} kills landed");
+    assert_eq!(trajectory(&run_dir(&killed)), expected);
+}
+
+/// The lowest iteration a process printed.
+fn first_iteration(console: &str) -> Option<usize> {
+    console
+        .lines()
+        .filter_map(|line| line.split("iteration ").nth(1))
+        .filter_map(|rest| rest.split(']').next()?.parse().ok())
+        .min()
 }

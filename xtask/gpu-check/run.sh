@@ -38,7 +38,6 @@ mkdir -p "$OUT/work"
 OUT="$(cd "$OUT" && pwd)"
 KILN="$OUT/work/kiln"
 gzip -dc "$HERE/kiln.gz" > "$KILN" && chmod +x "$KILN" || { echo "cannot unpack $HERE/kiln.gz" >&2; exit 1; }
-export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 # One kernel cache (compiled kernels and autotune results) for every step: what one step
 # compiled, the next reuses. The diagnosis starts it cold.
 export KILN_CACHE_DIR="$OUT/cache"

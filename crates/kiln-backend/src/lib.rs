@@ -20,7 +20,7 @@ pub use dispatch::{BackendTask, run_on};
 pub use error::BackendError;
 pub use kernel_cache::KernelCache;
 pub use memory::MemoryMeter;
-pub use probe::{BackendReport, DeviceInfo, DeviceKind, Probe, probe};
+pub use probe::{BackendReport, DeviceInfo, DeviceKind, Probe, probe, quiet_headless_vulkan};
 
 /// A backend and the devices on it that a run will use.
 #[derive(Debug, Clone, PartialEq)]

@@ -154,6 +154,31 @@ pub fn check_nccl() -> Result<(), BackendError> {
     cuda_probe::check_nccl()
 }
 
+/// Keeps Mesa's Vulkan device-selection layer quiet on a machine without a display session.
+///
+/// The layer, loaded into every Vulkan instance, asks Wayland for the default GPU; without
+/// `XDG_RUNTIME_DIR` libwayland prints "error: XDG_RUNTIME_DIR is invalid or not set" on each
+/// instance, two lines before training starts on a headless machine. kiln orders devices
+/// itself, so there the layer is switched off through its own `NODEVICE_SELECT`, unless the user
+/// steers it (`MESA_VK_DEVICE_SELECT`, `DRI_PRIME`) or has set `NODEVICE_SELECT` already.
+///
+/// # Safety
+/// It sets an environment variable: call it before any other thread starts.
+pub unsafe fn quiet_headless_vulkan() {
+    let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+    let runtime_dir =
+        std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|dir| std::path::Path::new(&dir).is_dir());
+    if runtime_dir
+        || ["NODEVICE_SELECT", "MESA_VK_DEVICE_SELECT", "DRI_PRIME"]
+            .iter()
+            .any(|v| set(v))
+    {
+        return;
+    }
+    // SAFETY: the caller guarantees no other thread runs yet.
+    unsafe { std::env::set_var("NODEVICE_SELECT", "1") };
+}
+
 /// A probe of this machine. Never panics and never constructs a burn device.
 pub fn probe() -> Probe {
     Probe::default()

@@ -16,6 +16,11 @@ pub trait Dataset: Send + Sync {
     fn label(&self, index: usize) -> usize;
     fn classes(&self) -> &[String];
 
+    /// How a message names image `index`: its file where it has one.
+    fn describe(&self, index: usize) -> String {
+        format!("image {index}")
+    }
+
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -71,6 +76,10 @@ impl Dataset for Subset {
 
     fn label(&self, index: usize) -> usize {
         self.inner.label(self.indices[index])
+    }
+
+    fn describe(&self, index: usize) -> String {
+        self.inner.describe(self.indices[index])
     }
 
     fn classes(&self) -> &[String] {

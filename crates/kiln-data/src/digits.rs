@@ -9,6 +9,8 @@ const RECORDS: &[u8] = include_bytes!("../assets/digits.bin");
 const SIDE: u32 = 8;
 /// The validation part: 297 images, as in scikit-learn's usual 1,500 / 297 split.
 const VAL_COUNT: usize = 297;
+/// The training part.
+pub const TRAIN: usize = 1500;
 /// Fixed, so that every run validates on the same 297 images whatever its seed.
 const SPLIT_SEED: u64 = 0;
 
@@ -60,6 +62,6 @@ mod tests {
         assert!(zero.get_pixel(4, 3).0[0] < 64 && zero.get_pixel(2, 3).0[0] > 128);
 
         let (train, val) = splits();
-        assert_eq!((train.len(), val.len()), (1500, 297));
+        assert_eq!((train.len(), val.len()), (TRAIN, 297));
     }
 }

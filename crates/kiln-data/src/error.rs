@@ -13,6 +13,13 @@ pub enum DataError {
         height: u32,
         max: u32,
     },
+    #[error("{image} is {}x{}, which the transforms would resize to {}x{}, over the limit of {max} pixels; data.max_resize_pixels raises it, or crop such images first", from.0, from.1, to.0, to.1)]
+    ResizeTooLarge {
+        image: String,
+        from: (u32, u32),
+        to: (u32, u32),
+        max: u64,
+    },
     #[error("{}: {reason}", path.display())]
     Corrupt { path: PathBuf, reason: String },
     #[error("{what} not found at {}: {hint}", path.display())]
@@ -59,7 +66,9 @@ impl DataError {
     pub fn is_bad_image(&self) -> bool {
         matches!(
             self,
-            DataError::Unreadable { .. } | DataError::TooLarge { .. }
+            DataError::Unreadable { .. }
+                | DataError::TooLarge { .. }
+                | DataError::ResizeTooLarge { .. }
         )
     }
 }

@@ -86,6 +86,20 @@ impl ImageFolder {
     }
 }
 
+impl ImageFolder {
+    /// The image files in the class folders of `root`, counted without listing them in order;
+    /// `None` where `root` cannot be read.
+    pub fn count(root: &Path) -> Option<usize> {
+        let classes = std::fs::read_dir(root).ok()?.filter_map(Result::ok);
+        let files = classes
+            .filter(|entry| entry.path().is_dir())
+            .flat_map(|class| walkdir::WalkDir::new(class.path()).follow_links(true))
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_type().is_file() && has_image_extension(entry.path()));
+        Some(files.count())
+    }
+}
+
 /// Every image file below `dir`, following links, ordered as torchvision orders them: by
 /// containing folder (as a string), then by file name.
 fn images_in(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
@@ -117,6 +131,10 @@ impl Dataset for ImageFolder {
 
     fn image(&self, index: usize) -> Result<RgbImage, DataError> {
         load_rgb(&self.samples[index].0, self.limits)
+    }
+
+    fn describe(&self, index: usize) -> String {
+        self.samples[index].0.display().to_string()
     }
 
     fn label(&self, index: usize) -> usize {

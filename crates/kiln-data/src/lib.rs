@@ -3,11 +3,14 @@
 //! transforms, and a loader turns them into batches of normalized floats on worker threads.
 //!
 //! Data flows: [`Source`] (from the config) opens into [`Dataset`]s, a [`Pipeline`] of
-//! [`Transform`]s augments each image, and a [`Loader`] batches them into [`HostBatch`]es,
-//! mixed by [`Mixing`] (mixup, CutMix) when training asks for it.
+//! [`Transform`]s augments each image (torchvision's policies in [`augment`]), and a [`Loader`]
+//! batches them into [`HostBatch`]es, mixed by [`Mixing`] (mixup, CutMix) when training asks
+//! for it.
 
 mod archive;
+pub mod augment;
 pub mod cifar;
+mod color;
 mod dataset;
 pub mod digits;
 mod error;
@@ -25,7 +28,7 @@ pub use dataset::{Dataset, InMemory, SharedDataset, Subset, split};
 pub use error::DataError;
 pub use image_folder::{IMAGE_EXTENSIONS, ImageFolder};
 pub use image_io::{ImageLimits, load_rgb};
-pub use loader::{Batches, HostBatch, Loader, LoaderConfig, OnBadImage, Shard};
+pub use loader::{Batches, HostBatch, Loader, LoaderConfig, OnBadImage, Shard, max_workers};
 pub use mix::{MixMode, Mixing};
 pub use source::{Source, Splits};
 pub use synthetic::Synthetic;

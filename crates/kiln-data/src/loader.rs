@@ -36,7 +36,7 @@ pub struct LoaderConfig {
     pub shuffle: bool,
     /// Leave out the last batch of an epoch when it is smaller than `batch_size`.
     pub drop_last: bool,
-    /// Decoding threads; 0 decodes on the calling thread.
+    /// Decoding threads; 0 decodes on the calling thread. At most [`max_workers`] start.
     pub workers: usize,
     /// Batches prepared ahead of the one being consumed.
     pub prefetch: usize,
@@ -46,6 +46,13 @@ pub struct LoaderConfig {
     pub shard: Shard,
     /// Mixup and CutMix on each batch (on each machine's shard of it), for training.
     pub mixing: Option<Mixing>,
+}
+
+/// The most decoding threads a loader starts: four per core (decoding waits on files too),
+/// between 8 and 256. More only cost memory, and tens of thousands exhaust the process.
+pub fn max_workers() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (4 * cores).clamp(8, 256)
 }
 
 /// Part `index` of `count` equal parts of every batch: each machine of a multi-machine run
@@ -183,7 +190,10 @@ impl Loader {
         let workers = if shared.config.workers == 0 {
             None
         } else {
-            Some(Workers::start(plan.clone(), shared.config.workers))
+            Some(Workers::start(
+                plan.clone(),
+                shared.config.workers.min(max_workers()),
+            ))
         };
         Batches {
             plan,
@@ -222,7 +232,18 @@ impl EpochPlan {
         let mut skipped = Vec::new();
         let mut size: Option<(u32, u32)> = None;
         for &index in indices {
-            let image = match dataset.image(index) {
+            let image = dataset.image(index).and_then(|image| {
+                match pipeline.too_large(image.dimensions()) {
+                    Some(to) => Err(DataError::ResizeTooLarge {
+                        image: dataset.describe(index),
+                        from: image.dimensions(),
+                        to,
+                        max: pipeline.max_pixels(),
+                    }),
+                    None => Ok(image),
+                }
+            });
+            let image = match image {
                 Ok(image) => image,
                 Err(e) if e.is_bad_image() && config.on_bad_image == OnBadImage::Skip => {
                     skipped.push(e);

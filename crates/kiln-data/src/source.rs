@@ -110,6 +110,26 @@ impl Source {
         }
     }
 
+    /// The number of training images, without decoding any: fixed for the built-in sets, the
+    /// image files under an image folder's `train` (less its `val_fraction`). `None` where that
+    /// folder cannot be read.
+    pub fn train_size(&self) -> Option<usize> {
+        match self {
+            Source::Cifar10 { .. } | Source::Cifar100 { .. } => Some(50_000),
+            Source::Digits {} => Some(digits::TRAIN),
+            Source::Synthetic { train_size, .. } => Some(*train_size),
+            Source::ImageFolder {
+                train,
+                val_fraction,
+                ..
+            } => {
+                let files = ImageFolder::count(train)?;
+                let held_out = (files as f64 * val_fraction.unwrap_or(0.0)).round() as usize;
+                Some(files - held_out.min(files))
+            }
+        }
+    }
+
     /// Opens the data set: reads CIFAR into memory (downloading it if allowed), lists an image
     /// folder, or builds the shipped or synthetic set. `seed` drives a `val_fraction` split.
     pub fn open(&self, seed: u64, limits: ImageLimits) -> Result<Splits, DataError> {

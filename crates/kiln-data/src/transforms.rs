@@ -7,13 +7,15 @@
 
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
-use image::{Rgb, RgbImage};
+use image::RgbImage;
 use rand::Rng;
 use rand::seq::SliceRandom;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use crate::DataError;
+use crate::augment::{self, AutoAugmentPolicy, Interpolation, Sampling};
+pub use crate::color::{adjust_brightness, adjust_contrast, adjust_hue, adjust_saturation};
 
 /// ImageNet's per-channel mean and standard deviation, as torchvision's weights expect.
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
@@ -61,6 +63,40 @@ pub enum Transform {
         #[serde(default)]
         hue: f64,
     },
+    /// `TrivialAugmentWide(num_magnitude_bins, interpolation, fill)`: one operation at a
+    /// random magnitude. `interpolation` ("nearest" or "bilinear") and `fill` (an RGB colour)
+    /// are the geometric operations', as for the two policies below.
+    TrivialAugmentWide {
+        #[serde(default = "default_bins")]
+        num_magnitude_bins: usize,
+        #[serde(default)]
+        interpolation: Interpolation,
+        #[serde(default)]
+        fill: [u8; 3],
+    },
+    /// `RandAugment(num_ops, magnitude, num_magnitude_bins, interpolation, fill)`.
+    RandAugment {
+        #[serde(default = "default_num_ops")]
+        num_ops: usize,
+        #[serde(default = "default_magnitude")]
+        magnitude: usize,
+        #[serde(default = "default_bins")]
+        num_magnitude_bins: usize,
+        #[serde(default)]
+        interpolation: Interpolation,
+        #[serde(default)]
+        fill: [u8; 3],
+    },
+    /// `AutoAugment(policy, interpolation, fill)`, `policy` one of "imagenet", "cifar10",
+    /// "svhn".
+    AutoAugment {
+        #[serde(default = "default_policy")]
+        policy: AutoAugmentPolicy,
+        #[serde(default)]
+        interpolation: Interpolation,
+        #[serde(default)]
+        fill: [u8; 3],
+    },
     /// `ToTensor()`: CHW floats in [0, 1]. Implied at the end of every pipeline.
     ToTensor,
     /// `Normalize(mean, std)`, after `ToTensor`.
@@ -106,6 +142,22 @@ fn default_erasing_scale() -> [f64; 2] {
 
 fn default_erasing_ratio() -> [f64; 2] {
     [0.3, 3.3]
+}
+
+fn default_bins() -> usize {
+    31
+}
+
+fn default_num_ops() -> usize {
+    2
+}
+
+fn default_magnitude() -> usize {
+    9
+}
+
+fn default_policy() -> AutoAugmentPolicy {
+    AutoAugmentPolicy::Imagenet
 }
 
 fn default_scale() -> [f64; 2] {
@@ -169,6 +221,34 @@ impl Transform {
                 }
                 Ok(())
             }
+            Transform::TrivialAugmentWide {
+                num_magnitude_bins, ..
+            } if num_magnitude_bins < 2 => Err(format!(
+                "trivial_augment_wide: num_magnitude_bins must be at least 2, got {num_magnitude_bins}"
+            )),
+            Transform::RandAugment {
+                num_ops,
+                magnitude,
+                num_magnitude_bins,
+                ..
+            } => {
+                if num_magnitude_bins < 2 {
+                    return Err(format!(
+                        "rand_augment: num_magnitude_bins must be at least 2, got {num_magnitude_bins}"
+                    ));
+                }
+                if magnitude >= num_magnitude_bins {
+                    return Err(format!(
+                        "rand_augment: magnitude must be below num_magnitude_bins ({num_magnitude_bins}), got {magnitude}"
+                    ));
+                }
+                if !(1..=16).contains(&num_ops) {
+                    return Err(format!(
+                        "rand_augment: num_ops must lie in [1, 16], got {num_ops}"
+                    ));
+                }
+                Ok(())
+            }
             Transform::Normalize { std, .. } if std.contains(&0.0) => {
                 Err(format!("normalize: std must not be 0, got {std:?}"))
             }
@@ -226,6 +306,43 @@ impl Transform {
                 saturation,
                 hue,
             } => color_jitter(image, [brightness, contrast, saturation, hue], rng),
+            Transform::TrivialAugmentWide {
+                num_magnitude_bins,
+                interpolation,
+                fill,
+            } => {
+                let sampling = Sampling {
+                    interpolation,
+                    fill,
+                };
+                augment::trivial_augment_wide(&image, num_magnitude_bins, sampling, rng)
+            }
+            Transform::RandAugment {
+                num_ops,
+                magnitude,
+                num_magnitude_bins,
+                interpolation,
+                fill,
+            } => {
+                let sampling = Sampling {
+                    interpolation,
+                    fill,
+                };
+                augment::rand_augment(image, num_ops, magnitude, num_magnitude_bins, sampling, rng)
+            }
+            Transform::AutoAugment {
+                policy,
+                interpolation,
+                fill,
+            } => augment::auto_augment(
+                image,
+                policy,
+                Sampling {
+                    interpolation,
+                    fill,
+                },
+                rng,
+            ),
             Transform::ToTensor | Transform::Normalize { .. } | Transform::RandomErasing { .. } => {
                 image
             }
@@ -235,12 +352,28 @@ impl Transform {
 
 /// A checked list of transforms: image steps first, then `ToTensor` (implied if absent), then at
 /// most one `Normalize`, as torchvision requires.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Pipeline {
     image_steps: Vec<Transform>,
     normalize: Option<([f32; 3], [f32; 3])>,
     /// The `random_erasing` steps, each with whether it comes before `normalize`.
     erasing: Vec<(Transform, bool)>,
+    /// The most pixels any step may make ([`Pipeline::too_large`]).
+    max_pixels: u64,
+}
+
+/// 64 megapixels (192 MiB of RGB): a resize may make no larger image unless told to.
+pub const DEFAULT_MAX_PIXELS: u64 = 1 << 26;
+
+impl Default for Pipeline {
+    fn default() -> Self {
+        Self {
+            image_steps: Vec::new(),
+            normalize: None,
+            erasing: Vec::new(),
+            max_pixels: DEFAULT_MAX_PIXELS,
+        }
+    }
 }
 
 impl Pipeline {
@@ -281,6 +414,36 @@ impl Pipeline {
             }
         }
         Ok(pipeline)
+    }
+
+    /// The same pipeline with another limit on the pixels of any image a step makes.
+    pub fn with_max_pixels(mut self, max_pixels: u64) -> Self {
+        self.max_pixels = max_pixels;
+        self
+    }
+
+    /// The most pixels any step may make.
+    pub fn max_pixels(&self) -> u64 {
+        self.max_pixels
+    }
+
+    /// The first (width, height) over the pixel limit that a step would make of an `input`-sized
+    /// image (a resize of an extreme aspect ratio), found before anything is allocated.
+    pub fn too_large(&self, input: (u32, u32)) -> Option<(u32, u32)> {
+        let mut size = input;
+        for step in &self.image_steps {
+            size = match *step {
+                Transform::Resize { size: side } => shorter_side_to(size.0, size.1, side),
+                Transform::CenterCrop { size: side }
+                | Transform::RandomResizedCrop { size: side, .. }
+                | Transform::RandomCrop { size: side, .. } => (side, side),
+                _ => size,
+            };
+            if u64::from(size.0) * u64::from(size.1) > self.max_pixels {
+                return Some(size);
+            }
+        }
+        None
     }
 
     /// The (width, height) of the images this pipeline makes from `input`-sized ones; `None`
@@ -532,104 +695,6 @@ fn color_jitter(mut image: RgbImage, amounts: [f64; 4], rng: &mut impl Rng) -> R
     image
 }
 
-/// PIL's `Image.blend(degenerate, image, factor)`: `degenerate + factor * (image - degenerate)`
-/// in single precision, clipped to [0, 255] and truncated.
-fn blend(degenerate: impl Fn(usize) -> u8, image: &RgbImage, factor: f64) -> RgbImage {
-    let alpha = factor as f32;
-    let mut out = image.clone();
-    for (i, value) in out.as_mut().iter_mut().enumerate() {
-        let from = degenerate(i) as f32;
-        let blended = from + alpha * (*value as f32 - from);
-        *value = blended.clamp(0.0, 255.0) as u8;
-    }
-    out
-}
-
-/// PIL's RGB to L conversion (ITU-R 601-2 luma in 16-bit fixed point, rounded).
-fn luma(pixel: &Rgb<u8>) -> u8 {
-    let [r, g, b] = pixel.0.map(u32::from);
-    ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16) as u8
-}
-
-/// `F.adjust_brightness`: a blend with black.
-pub fn adjust_brightness(image: &RgbImage, factor: f64) -> RgbImage {
-    blend(|_| 0, image, factor)
-}
-
-/// `F.adjust_contrast`: a blend with the mean gray level, rounded to an integer as PIL does.
-pub fn adjust_contrast(image: &RgbImage, factor: f64) -> RgbImage {
-    let pixels = (image.width() as u64 * image.height() as u64).max(1);
-    let sum: u64 = image.pixels().map(|p| luma(p) as u64).sum();
-    let mean = (sum as f64 / pixels as f64 + 0.5) as u8;
-    blend(|_| mean, image, factor)
-}
-
-/// `F.adjust_saturation`: a blend with the grayscale image.
-pub fn adjust_saturation(image: &RgbImage, factor: f64) -> RgbImage {
-    let gray: Vec<u8> = image.pixels().map(luma).collect();
-    blend(|i| gray[i / 3], image, factor)
-}
-
-/// `F.adjust_hue`: rotate the hue channel of PIL's 8-bit HSV by `factor * 255`, wrapping.
-pub fn adjust_hue(image: &RgbImage, factor: f64) -> RgbImage {
-    let shift = (factor * 255.0) as i32 as u8;
-    let mut out = image.clone();
-    for pixel in out.pixels_mut() {
-        let [h, s, v] = rgb_to_hsv(pixel.0);
-        pixel.0 = hsv_to_rgb([h.wrapping_add(shift), s, v]);
-    }
-    out
-}
-
-/// PIL's `convert("HSV")` for one pixel. PIL stores in `float` but computes with `double`
-/// literals; the casts below follow its C exactly, since a hue shift of 1 changes the result.
-fn rgb_to_hsv([r, g, b]: [u8; 3]) -> [u8; 3] {
-    let max = r.max(g).max(b);
-    let min = r.min(g).min(b);
-    if max == min {
-        return [0, 0, max];
-    }
-    let range = (max - min) as f32;
-    let s = range / max as f32;
-    let rc = (max - r) as f32 / range;
-    let gc = (max - g) as f32 / range;
-    let bc = (max - b) as f32 / range;
-    let h = if r == max {
-        bc - gc
-    } else if g == max {
-        (2.0 + rc as f64 - bc as f64) as f32
-    } else {
-        (4.0 + gc as f64 - rc as f64) as f32
-    };
-    let h = ((h as f64 / 6.0 + 1.0) % 1.0) as f32;
-    let clip = |x: f64| (x as i32).clamp(0, 255) as u8;
-    [clip(h as f64 * 255.0), clip(s as f64 * 255.0), max]
-}
-
-/// PIL's `convert("RGB")` from HSV for one pixel, with the same care for its casts.
-fn hsv_to_rgb([h, s, v]: [u8; 3]) -> [u8; 3] {
-    if s == 0 {
-        return [v, v, v];
-    }
-    let sector = h as f32 as f64 * 6.0 / 255.0;
-    let i = sector.floor() as i32;
-    let f = (sector - i as f32 as f64) as f32 as f64;
-    let fs = (s as f32 as f64 / 255.0) as f32 as f64;
-    let v64 = v as f32 as f64;
-    let clip = |x: f64| (x.round() as i32).clamp(0, 255) as u8;
-    let p = clip(v64 * (1.0 - fs));
-    let q = clip(v64 * (1.0 - fs * f));
-    let t = clip(v64 * (1.0 - fs * (1.0 - f)));
-    match i % 6 {
-        0 => [v, t, p],
-        1 => [q, v, p],
-        2 => [p, v, t],
-        3 => [p, q, v],
-        4 => [t, p, v],
-        _ => [v, p, q],
-    }
-}
-
 /// torchvision's `RandomErasing.get_params`: up to ten tries at a box of `scale` of the area
 /// and aspect `ratio` (drawn log-uniform), in float32 as torch draws them; the first that fits
 /// inside the image, placed uniformly, as (top, left, height, width). `None`: no box fitted,
@@ -826,22 +891,6 @@ mod tests {
     }
 
     #[test]
-    fn hsv_round_trip_is_close_and_gray_is_untouched() {
-        for rgb in [[200u8, 30, 30], [10, 250, 40], [0, 0, 255], [77, 77, 77]] {
-            let back = hsv_to_rgb(rgb_to_hsv(rgb));
-            for c in 0..3 {
-                assert!(
-                    (back[c] as i32 - rgb[c] as i32).abs() <= 3,
-                    "{rgb:?} -> {back:?}"
-                );
-            }
-        }
-        let gray = RgbImage::from_pixel(3, 3, Rgb([90, 90, 90]));
-        assert_eq!(adjust_hue(&gray, 0.3), gray);
-        assert_eq!(adjust_saturation(&gray, 1.7), gray);
-    }
-
-    #[test]
     fn pipelines_are_checked_and_parsed_from_toml() {
         #[derive(Debug, Deserialize)]
         struct Config {
@@ -900,6 +949,31 @@ mod tests {
             erasing(ErasingValue::Random("random".into()))
         );
         assert!(Pipeline::new(&parsed.transforms).is_ok());
+
+        let policies: Config = toml::from_str(
+            r#"transforms = [{ op = "trivial_augment_wide", interpolation = "bilinear" },
+                { op = "rand_augment", num_ops = 3, fill = [128, 128, 128] },
+                { op = "auto_augment", policy = "cifar10" }]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            policies.transforms[1],
+            Transform::RandAugment {
+                num_ops: 3,
+                magnitude: 9,
+                num_magnitude_bins: 31,
+                interpolation: Interpolation::Nearest,
+                fill: [128; 3],
+            }
+        );
+        assert!(Pipeline::new(&policies.transforms).is_ok());
+        let one_bin = Transform::TrivialAugmentWide {
+            num_magnitude_bins: 1,
+            interpolation: Interpolation::Nearest,
+            fill: [0; 3],
+        };
+        assert!(bad(&[one_bin]).contains("num_magnitude_bins"));
+        assert!(bad(&[Transform::ToTensor, policies.transforms[2].clone()]).contains("before"));
     }
 
     /// The pipeline's tensor: the photo-like gradient, normalized, then `erasing`.

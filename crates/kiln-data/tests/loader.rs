@@ -4,6 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use image::{Rgb, RgbImage};
+use kiln_data::augment::Interpolation;
 use kiln_data::transforms::ErasingValue;
 use kiln_data::{
     Dataset, HostBatch, ImageFolder, ImageLimits, Loader, LoaderConfig, MixMode, Mixing,
@@ -26,6 +27,11 @@ fn augmenting() -> Pipeline {
             padding: 2,
         },
         Transform::RandomHorizontalFlip { p: 0.5 },
+        Transform::TrivialAugmentWide {
+            num_magnitude_bins: 31,
+            interpolation: Interpolation::Bilinear,
+            fill: [0; 3],
+        },
         Transform::ColorJitter {
             brightness: 0.4,
             contrast: 0.4,
@@ -220,6 +226,57 @@ fn bad_images_are_skipped_and_counted_or_stop_the_run_naming_the_file() {
     let loader = Loader::new(folder, pipeline, strict).unwrap();
     let err = loader.epoch(0).find_map(Result::err).unwrap().to_string();
     assert!(err.contains(&*truncated.to_string_lossy()), "{err}");
+}
+
+/// A resize of an extreme aspect ratio (within the side limit) would allocate gigabytes: it is
+/// refused from the image's size, before the resize, and the image is skipped like a bad file;
+/// a JPEG cut short is skipped as PIL refuses it.
+#[test]
+fn oversized_resizes_and_truncated_jpegs_are_skipped_naming_the_file_and_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    write_folder(dir.path());
+    RgbImage::new(2000, 1)
+        .save(dir.path().join("a/sliver.png"))
+        .unwrap();
+    let jpeg = dir.path().join("b/cut.jpg");
+    RgbImage::from_fn(128, 96, |x, y| {
+        Rgb([(x * y % 251) as u8, (x * 7 + y * 3) as u8, (x ^ y) as u8])
+    })
+    .save(&jpeg)
+    .unwrap();
+    let bytes = std::fs::read(&jpeg).unwrap();
+    std::fs::write(&jpeg, &bytes[..bytes.len() * 3 / 4]).unwrap();
+    let folder: Arc<dyn Dataset> =
+        Arc::new(ImageFolder::open(dir.path(), ImageLimits::default()).unwrap());
+    let steps = [
+        Transform::Resize { size: 64 },
+        Transform::CenterCrop { size: 4 },
+    ];
+    // 2000x1 resized to 64 on its short side is 128000x64: 8.2 megapixels.
+    let pipeline = Pipeline::new(&steps).unwrap().with_max_pixels(1 << 20);
+    let loader = Loader::new(folder.clone(), pipeline, LoaderConfig::new(8, 0)).unwrap();
+    let batches = collect(&loader, 0);
+    let skipped: Vec<String> = batches
+        .iter()
+        .flat_map(|b| b.skipped.iter().map(|e| e.to_string()))
+        .collect();
+    assert_eq!(skipped.len(), 2, "{skipped:?}");
+    let sliver = skipped.iter().find(|e| e.contains("sliver.png")).unwrap();
+    assert!(
+        sliver.contains("128000x64") && sliver.contains("data.max_resize_pixels"),
+        "{sliver}"
+    );
+    let cut = skipped.iter().find(|e| e.contains("cut.jpg")).unwrap();
+    assert!(cut.contains("truncated"), "{cut}");
+    let images: usize = batches.iter().map(|b| b.labels.len()).sum();
+    assert_eq!(images, 6);
+    // Under the default limit the sliver is resized and trained on.
+    let roomy = Pipeline::new(&steps).unwrap();
+    let batches = collect(
+        &Loader::new(folder, roomy, LoaderConfig::new(8, 0)).unwrap(),
+        0,
+    );
+    assert_eq!(batches.iter().map(|b| b.skipped.len()).sum::<usize>(), 1);
 }
 
 #[test]

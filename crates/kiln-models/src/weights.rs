@@ -40,6 +40,10 @@ pub enum WeightsError {
         "{path} holds no ResNet state dict (no `conv1.weight` key, also under `state_dict.`, `model.` or `module.`)"
     )]
     NotAResNet { path: PathBuf },
+    #[error(
+        "{path} holds NaN or infinite values in {tensors}: the file is damaged or comes from a run that diverged"
+    )]
+    NotFinite { path: PathBuf, tensors: String },
     #[error("{path} does not fit this {model}:{details}")]
     Mismatch {
         path: PathBuf,
@@ -103,6 +107,21 @@ pub fn load<B: Backend>(
         });
     }
 
+    let damaged: Vec<String> = file
+        .iter()
+        .filter(|(name, _)| !report.left_out.contains(name))
+        .filter(|(_, data)| data.dtype.is_float())
+        .filter_map(|(name, data)| {
+            let bad = data.iter::<f64>().filter(|v| !v.is_finite()).count();
+            (bad > 0).then(|| format!("{name} ({bad} of {})", data.num_elements()))
+        })
+        .collect();
+    if !damaged.is_empty() {
+        return Err(WeightsError::NotFinite {
+            path: path.to_path_buf(),
+            tensors: damaged.join(", "),
+        });
+    }
     let snapshots = file
         .into_iter()
         .filter(|(name, _)| !report.left_out.contains(name))
@@ -519,6 +538,25 @@ mod tests {
         for path in [truncated, garbage, dir.path().join("absent.pth")] {
             let err = load(tiny(18, 10, 4), &path).unwrap_err();
             assert!(err.to_string().contains(&*path.to_string_lossy()), "{err}");
+        }
+    }
+
+    /// A weights file with NaN or infinity in it would load and predict garbage: it is refused,
+    /// naming the tensor.
+    #[test]
+    fn weights_with_nan_or_infinity_are_refused_naming_the_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, poison) in [("nan", f32::NAN), ("inf", f32::INFINITY)] {
+            let mut model = tiny(18, 10, 4);
+            model.fc.weight = model.fc.weight.map(|w| w.add_scalar(poison));
+            let path = dir.path().join(format!("{name}.safetensors"));
+            save_safetensors(&model, &path).unwrap();
+            let err = load(tiny(18, 10, 4), &path).unwrap_err().to_string();
+            assert!(
+                err.contains("fc.weight") && err.contains("NaN or infinite"),
+                "{err}"
+            );
+            assert!(!err.contains("conv1.weight"), "{err}");
         }
     }
 

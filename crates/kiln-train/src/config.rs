@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 pub use bytesize::ByteSize;
-use kiln_data::{MixMode, Mixing, OnBadImage, Source, Transform};
+use kiln_data::{ImageLimits, MixMode, Mixing, OnBadImage, Source, Transform};
 use kiln_models::{ModelError, Precision, ResNetConfig, Stem};
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +31,10 @@ pub enum ConfigError {
         key: &'static str,
         problem: String,
     },
+    #[error(
+        "--resume with --set {key}: {reason}; start a new run with --config instead (model.pretrained can start it from this run's model.safetensors)"
+    )]
+    ResumeChange { key: &'static str, reason: String },
 }
 
 /// Everything a run needs, as written in `configs/*.toml`. Every key but `epochs`,
@@ -275,6 +279,15 @@ pub struct DataSection {
     /// Images with a longer side are refused before decoding.
     #[serde(default = "default_max_image_side")]
     pub max_image_side: u32,
+    /// Image files larger than this are refused before they are read.
+    #[serde(default = "default_max_file_bytes")]
+    pub max_file_bytes: u64,
+    /// Train on what decodes of a truncated JPEG, instead of skipping it as PIL does.
+    #[serde(default)]
+    pub allow_truncated_images: bool,
+    /// The most pixels a transform may make of one image; larger ones are skipped unmade.
+    #[serde(default = "default_max_resize_pixels")]
+    pub max_resize_pixels: u64,
 }
 
 impl DataSection {
@@ -289,8 +302,29 @@ impl DataSection {
             drop_last: false,
             on_bad_image: OnBadImage::default(),
             max_image_side: default_max_image_side(),
+            max_file_bytes: default_max_file_bytes(),
+            allow_truncated_images: false,
+            max_resize_pixels: default_max_resize_pixels(),
         }
     }
+
+    /// What image decoding accepts.
+    pub fn image_limits(&self) -> ImageLimits {
+        ImageLimits {
+            max_side: self.max_image_side,
+            max_file_bytes: self.max_file_bytes,
+            allow_truncated: self.allow_truncated_images,
+            ..ImageLimits::default()
+        }
+    }
+}
+
+fn default_max_resize_pixels() -> u64 {
+    kiln_data::transforms::DEFAULT_MAX_PIXELS
+}
+
+fn default_max_file_bytes() -> u64 {
+    ImageLimits::default().max_file_bytes
 }
 
 fn default_workers() -> usize {
@@ -530,7 +564,14 @@ impl Default for DeviceSection {
 pub struct CheckpointSection {
     /// Write a checkpoint every this many epochs (and always after the last).
     pub every_epochs: usize,
-    /// How many of the most recent checkpoints to keep.
+    /// Also write one within an epoch every this many optimizer steps, so that a kill loses at
+    /// most that many.
+    pub every_steps: Option<usize>,
+    /// Also write one within an epoch when this many minutes have passed since the last
+    /// checkpoint (`kiln train` sets 30 on GPUs where it is not given).
+    pub every_minutes: Option<f64>,
+    /// How many of the most recent epoch checkpoints to keep; a mid-epoch checkpoint replaces
+    /// the one before it.
     pub keep_last: usize,
     /// Also keep the checkpoint with the best validation top-1.
     pub keep_best: bool,
@@ -540,6 +581,8 @@ impl Default for CheckpointSection {
     fn default() -> Self {
         Self {
             every_epochs: 1,
+            every_steps: None,
+            every_minutes: None,
             keep_last: 2,
             keep_best: true,
         }
@@ -706,6 +749,8 @@ pub struct LoggingSection {
     pub print_every: usize,
     /// Where run directories go.
     pub runs_dir: PathBuf,
+    /// Write TensorBoard's event files into the run's `tensorboard/`.
+    pub tensorboard: bool,
 }
 
 impl Default for LoggingSection {
@@ -713,6 +758,7 @@ impl Default for LoggingSection {
         Self {
             print_every: 100,
             runs_dir: PathBuf::from("runs"),
+            tensorboard: true,
         }
     }
 }
@@ -757,6 +803,49 @@ impl TrainConfig {
             source,
         })?;
         Self::parse(&text, path, overrides)
+    }
+
+    /// Refuses, for `--resume`, a change to a key that gives a saved position another meaning:
+    /// the batches of an epoch (`batch_size`, `accumulate`, `data.drop_last`), their order and
+    /// augmentation (`seed`) or the images themselves (`data.source`). A resumed run would
+    /// continue at the same batch number of a different sequence.
+    pub fn check_resume_change(&self, saved: &TrainConfig) -> Result<(), ConfigError> {
+        let changes: [(&'static str, bool, &str); 5] = [
+            (
+                "batch_size",
+                self.batch_size != saved.batch_size,
+                "the batches of every epoch",
+            ),
+            (
+                "accumulate",
+                self.accumulate != saved.accumulate,
+                "the steps of every epoch",
+            ),
+            (
+                "data.drop_last",
+                self.data.drop_last != saved.data.drop_last,
+                "the batches of every epoch",
+            ),
+            (
+                "seed",
+                self.seed != saved.seed,
+                "the order and augmentation of every epoch",
+            ),
+            (
+                "data.source",
+                self.data.source != saved.data.source,
+                "the images",
+            ),
+        ];
+        match changes.into_iter().find(|(_, changed, _)| *changed) {
+            Some((key, _, what)) => Err(ConfigError::ResumeChange {
+                key,
+                reason: format!(
+                    "it changes {what}, so the saved position would point into another sequence of batches"
+                ),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// [`load`](Self::load) from text; `path` only names it in messages.
@@ -973,6 +1062,19 @@ impl TrainConfig {
             }
             _ => {}
         }
+        if self.checkpoints.every_steps == Some(0) {
+            return invalid("checkpoints.every_steps", "must be at least 1".into());
+        }
+        if self
+            .checkpoints
+            .every_minutes
+            .is_some_and(|m| !(m > 0.0 && m.is_finite()))
+        {
+            return invalid(
+                "checkpoints.every_minutes",
+                "must be a positive number".into(),
+            );
+        }
         if self.checkpoints.every_epochs == 0 || self.checkpoints.keep_last == 0 {
             return invalid(
                 "checkpoints",
@@ -1168,6 +1270,25 @@ lr = 0.1
     }
 
     #[test]
+    fn resume_refuses_changes_that_move_the_saved_position() {
+        let saved = parse(MINIMAL, &[]).unwrap();
+        for (set, key) in [
+            ("batch_size=3", "batch_size"),
+            ("accumulate=2", "accumulate"),
+            ("seed=9", "seed"),
+            ("data.drop_last=true", "data.drop_last"),
+        ] {
+            let changed = parse(MINIMAL, &[set]).unwrap();
+            let err = changed.check_resume_change(&saved).unwrap_err().to_string();
+            assert!(err.contains(&format!("--set {key}:")), "{set}: {err}");
+        }
+        for harmless in ["epochs=9", "logging.print_every=3", "data.workers=1"] {
+            let changed = parse(MINIMAL, &[harmless]).unwrap();
+            assert!(changed.check_resume_change(&saved).is_ok(), "{harmless}");
+        }
+    }
+
+    #[test]
     fn the_recipe_sections_name_their_bad_keys_and_values() {
         let mixup = "mixup.mixup_alpha=0.2";
         for (sets, named) in [
@@ -1187,6 +1308,20 @@ lr = 0.1
             (
                 &["data.train_transforms=[{ op = 'to_tensor' }, { op = 'random_erasing', p = 2 }]"],
                 "random_erasing: p must",
+            ),
+            (
+                &["data.train_transforms=[{ op = 'rand_augment', magnitude = 31 }]"],
+                "rand_augment: magnitude",
+            ),
+            (
+                &["data.train_transforms=[{ op = 'auto_augment', policy = 'cifar100' }]"],
+                "cifar100",
+            ),
+            (
+                &[
+                    "data.train_transforms=[{ op = 'trivial_augment_wide', interpolation = 'bicubic' }]",
+                ],
+                "bicubic",
             ),
             (&["ema.decay=1.5"], "ema.decay"),
             (&["optimizer.clip_grad_norm=-1"], "optimizer.clip_grad_norm"),

@@ -14,7 +14,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
 use kiln_backend::MemoryMeter;
 use kiln_data::{
-    Batches, DataError, Dataset, HostBatch, ImageLimits, Loader, LoaderConfig, Pipeline, Shard,
+    Batches, DataError, Dataset, HostBatch, Loader, LoaderConfig, Pipeline, Shard, max_workers,
 };
 use kiln_models::weights;
 use kiln_models::{Precision, ResNet, ResNetConfig, Stem};
@@ -33,6 +33,7 @@ use crate::plan::{self, Budget, Plan};
 use crate::run_dir::{EpochSummary, RunDir};
 use crate::schedule::Schedule;
 use crate::step::{StepStats, build_model, count_correct, loss_function};
+use crate::tensorboard::EventWriter;
 
 /// What the engine reports as it goes.
 pub enum Event<'a> {
@@ -64,7 +65,8 @@ pub enum Event<'a> {
     /// the estimated peak per device, and the budget it was checked against.
     Planned {
         batch_size: usize,
-        auto: bool,
+        /// How `batch_size = "auto"` chose, where it did.
+        auto: Option<plan::AutoBatch>,
         per_device: usize,
         estimate_bytes: Option<u64>,
         budget: Option<Budget>,
@@ -72,6 +74,11 @@ pub enum Event<'a> {
     Skipped(&'a DataError),
     Epoch(&'a EpochSummary),
     Checkpoint(&'a Path),
+    /// A checkpoint newer than the one resumed from, passed over because it is damaged.
+    CheckpointSkipped {
+        path: &'a Path,
+        reason: &'a str,
+    },
     Stopped(&'a Path),
     /// `[early_stopping]` ended the run before its last epoch.
     StoppedEarly(&'a EarlyStop),
@@ -212,7 +219,17 @@ fn train_planned<B: AutodiffBackend>(
     let mut history = Vec::new();
     let mut resumed_from = None;
     if resume {
-        let (path, saved) = checkpoint::latest(&run.checkpoints())?;
+        let checkpoint::ResumePoint {
+            path,
+            position: saved,
+            passed_over,
+        } = checkpoint::newest_intact(&run.checkpoints())?;
+        for (skipped, reason) in &passed_over {
+            observer.event(Event::CheckpointSkipped {
+                path: skipped,
+                reason,
+            });
+        }
         let from = path.clone();
         replicas.restore(
             move |model, optimizer, device| Ok(checkpoint::load(&from, model, optimizer, device)?),
@@ -227,6 +244,7 @@ fn train_planned<B: AutodiffBackend>(
     if config.ema.is_some() {
         start_ema(&mut replicas, resumed_from.clone(), position.ema_averaged)?;
     }
+    let mut board = open_board(config, run, resume.then_some(position.iteration))?;
     observer.event(Event::Started {
         run_dir: &run.path,
         train_images: train_loader.dataset().len(),
@@ -237,6 +255,7 @@ fn train_planned<B: AutodiffBackend>(
     });
 
     let mut first_step = true;
+    let mut last_saved = Instant::now();
     let mut lr = schedule.lr(position.iteration);
     let mut early_stop = None;
     for epoch in position.epoch..config.epochs {
@@ -286,11 +305,14 @@ fn train_planned<B: AutodiffBackend>(
                 })?;
             }
             let stopping = stop.load(Ordering::SeqCst);
-            // The device is read at the first iteration, every print_every, at a stop and at
-            // the end of the epoch; in between, steps queue up on the device unread.
+            let mid_epoch_checkpoint =
+                loaded.is_some() && !stopping && checkpoint_due(config, &position, last_saved);
+            // The device is read at the first iteration, every print_every, at a stop, at a
+            // checkpoint and at the end of the epoch; in between, steps queue up unread.
             let read = position.iteration == 1
                 || position.iteration % config.logging.print_every.max(1) == 0
                 || stopping
+                || mid_epoch_checkpoint
                 || loaded.is_none();
             let reading = if read {
                 let reading =
@@ -301,6 +323,13 @@ fn train_planned<B: AutodiffBackend>(
             } else {
                 None
             };
+            if let (Some(board), Some(reading)) = (&mut board, reading) {
+                let step = position.iteration as i64;
+                board
+                    .scalar("train/running_loss", step, reading.loss)
+                    .and_then(|()| board.scalar("train/lr", step, lr))
+                    .map_err(io_error(&run.path))?;
+            }
             observer.event(Event::Iteration {
                 epoch,
                 epochs: config.epochs,
@@ -311,13 +340,20 @@ fn train_planned<B: AutodiffBackend>(
                 images: step_batches.images,
                 loss: reading,
             });
-            if stopping {
+            if stopping || mid_epoch_checkpoint {
                 position.loss_scale = replicas.loss_scaler()?;
-                position.sums.seconds += clock.elapsed().as_secs_f64();
+                // The epoch's time so far goes into the saved sums, not the running ones.
+                let mut saved = position.clone();
+                saved.sums.seconds += clock.elapsed().as_secs_f64();
                 let name = format!("epoch-{:04}-batch-{:06}", epoch + 1, position.batch);
-                let path = save_checkpoint(&mut replicas, run, name, &position)?;
-                observer.event(Event::Stopped(&path));
-                return Ok(Outcome::Stopped { checkpoint: path });
+                let path = save_checkpoint(&mut replicas, run, name, &saved)?;
+                last_saved = Instant::now();
+                if stopping {
+                    observer.event(Event::Stopped(&path));
+                    return Ok(Outcome::Stopped { checkpoint: path });
+                }
+                prune(config, run, &position);
+                observer.event(Event::Checkpoint(&path));
             }
         }
 
@@ -356,6 +392,9 @@ fn train_planned<B: AutodiffBackend>(
         position.loss_scale = replicas.loss_scaler()?;
         run.write_history(&history, &lr_trace(&schedule, position.iteration))
             .map_err(io_error(&run.path))?;
+        if let Some(board) = &mut board {
+            write_epoch(board, &summary).map_err(io_error(&run.path))?;
+        }
         observer.event(Event::Epoch(&summary));
         if position.epoch % config.checkpoints.every_epochs == 0 || position.epoch == config.epochs
         {
@@ -370,6 +409,7 @@ fn train_planned<B: AutodiffBackend>(
                 },
                 observer,
             )?;
+            last_saved = Instant::now();
         }
     }
 
@@ -596,7 +636,12 @@ fn plan_memory(
         Err(error) if needed => return Err(error.into()),
         Err(_) => return Ok((config.clone(), None)),
     };
-    let settled = plan::settle_batch_size(config, &plan, budget.map(|b| b.bytes))?;
+    let train_images = match config.batch_size {
+        BatchSize::Auto => config.data.source.train_size(),
+        BatchSize::Fixed(_) => None,
+    };
+    let (settled, auto) =
+        plan::settle_batch_size(config, &plan, budget.map(|b| b.bytes), train_images)?;
     let plan = Plan {
         batch_size: settled.batch_size.fixed(),
         ..plan
@@ -610,7 +655,7 @@ fn plan_memory(
     let batch_size = settled.batch_size.fixed().unwrap_or(1);
     observer.event(Event::Planned {
         batch_size,
-        auto: config.batch_size == BatchSize::Auto,
+        auto,
         per_device: plan.per_device(batch_size),
         estimate_bytes: plan.configured_peak(),
         budget,
@@ -779,13 +824,17 @@ pub fn evaluate<B: Backend>(
 /// each batch.
 pub fn loaders(config: &TrainConfig, shard: Shard) -> Result<(Loader, Option<Loader>), DataError> {
     let data = &config.data;
-    let limits = ImageLimits {
-        max_side: data.max_image_side,
-        ..ImageLimits::default()
-    };
+    let limits = data.image_limits();
     let batch_size = config.batch_size.fixed().ok_or_else(|| {
         DataError::Invalid("batch_size = \"auto\" is settled by `kiln train`; give a number".into())
     })?;
+    if data.workers > max_workers() {
+        log::warn!(
+            "data.workers = {} is more decoding threads than this machine can use; using {} (four per core)",
+            data.workers,
+            max_workers()
+        );
+    }
     let splits = data.source.open(config.seed, limits)?;
     let classes = (config.model.num_classes).unwrap_or(splits.train.classes().len());
     let mixing = config.mixup.as_ref();
@@ -802,7 +851,7 @@ pub fn loaders(config: &TrainConfig, shard: Shard) -> Result<(Loader, Option<Loa
     };
     let train = Loader::new(
         splits.train,
-        Pipeline::new(&data.train_transforms)?,
+        Pipeline::new(&data.train_transforms)?.with_max_pixels(data.max_resize_pixels),
         loader_config.clone(),
     )?;
     let val_config = LoaderConfig {
@@ -814,7 +863,14 @@ pub fn loaders(config: &TrainConfig, shard: Shard) -> Result<(Loader, Option<Loa
     };
     let val = splits
         .val
-        .map(|val| Loader::new(val, Pipeline::new(&data.val_transforms)?, val_config))
+        .map(|val| {
+            let pipeline = Pipeline::new(&data.val_transforms)?;
+            Loader::new(
+                val,
+                pipeline.with_max_pixels(data.max_resize_pixels),
+                val_config,
+            )
+        })
         .transpose()?;
     Ok((train, val))
 }
@@ -874,14 +930,68 @@ fn save_epoch_checkpoint<B: AutodiffBackend>(
         position.best_checkpoint = Some(name.clone());
     }
     let path = save_checkpoint(replicas, run, name, position)?;
+    prune(config, run, position);
+    observer.event(Event::Checkpoint(&path));
+    Ok(())
+}
+
+/// Keeps the last `keep_last` epoch checkpoints, the best one where asked, and the newest
+/// mid-epoch one if it is the newest of all.
+fn prune(config: &TrainConfig, run: &RunDir, position: &Position) {
     let keep_best = config
         .checkpoints
         .keep_best
         .then_some(())
         .and(position.best_checkpoint.as_deref());
     checkpoint::prune(&run.checkpoints(), config.checkpoints.keep_last, keep_best);
-    observer.event(Event::Checkpoint(&path));
-    Ok(())
+}
+
+/// The run's TensorBoard file, where `logging.tensorboard` asks for one: a new run's starts with
+/// the config as text; a resumed run's is cut back to the step it resumes from.
+fn open_board(
+    config: &TrainConfig,
+    run: &RunDir,
+    resume_at: Option<usize>,
+) -> Result<Option<EventWriter>, TrainError> {
+    if !config.logging.tensorboard {
+        return Ok(None);
+    }
+    let dir = run.path.join("tensorboard");
+    let mut board = EventWriter::open(&dir, resume_at.map(|i| i as i64)).map_err(io_error(&dir))?;
+    if resume_at.is_none() {
+        let text = format!("```toml\n{}\n```", config.to_toml());
+        board.text("config", 0, &text).map_err(io_error(&dir))?;
+        board.flush().map_err(io_error(&dir))?;
+    }
+    Ok(Some(board))
+}
+
+/// Every number of the epoch's summary as `epoch/<name>` at the epoch's last step (the names of
+/// `metrics.jsonl`, so that new metrics appear without a change here), flushed to disk.
+fn write_epoch(board: &mut EventWriter, summary: &EpochSummary) -> std::io::Result<()> {
+    let step = summary.iteration as i64;
+    let fields = serde_json::to_value(summary)?;
+    for (name, value) in fields.as_object().into_iter().flatten() {
+        if let (Some(value), false) = (
+            value.as_f64(),
+            matches!(name.as_str(), "epoch" | "iteration"),
+        ) {
+            board.scalar(&format!("epoch/{name}"), step, value)?;
+        }
+    }
+    board.flush()
+}
+
+/// Whether `[checkpoints] every_steps` or `every_minutes` asks for a checkpoint after this step.
+fn checkpoint_due(config: &TrainConfig, position: &Position, last_saved: Instant) -> bool {
+    let section = &config.checkpoints;
+    let steps = section
+        .every_steps
+        .is_some_and(|every| position.iteration.is_multiple_of(every));
+    let minutes = section
+        .every_minutes
+        .is_some_and(|every| last_saved.elapsed().as_secs_f64() >= every * 60.0);
+    steps || minutes
 }
 
 /// Writes replica 0's model and optimizer state with `position` (on replica 0's thread, where

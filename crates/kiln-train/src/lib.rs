@@ -34,6 +34,7 @@ pub mod run_dir;
 pub mod scaler;
 pub mod schedule;
 pub mod step;
+pub mod tensorboard;
 
 pub use config::TrainConfig;
 pub use engine::{Event, Observer, Outcome, Reading, Silent, evaluate, train};

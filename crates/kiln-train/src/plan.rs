@@ -25,6 +25,36 @@ const ACTIVATIONS_KEPT: f64 = 0.92;
 /// 10 to 35 MiB measured.
 const WORKSPACE: u64 = 24 << 20;
 
+/// The fewest optimizer steps an epoch that `batch_size = "auto"` leaves, where the training
+/// set is large enough: a larger batch than that trains on too few updates to learn much.
+pub const AUTO_MIN_STEPS: usize = 16;
+
+/// What `batch_size = "auto"` settled on, and why.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AutoBatch {
+    pub batch_size: usize,
+    /// The largest power of two the memory allows.
+    pub memory: usize,
+    pub train_images: Option<usize>,
+}
+
+impl std::fmt::Display for AutoBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.train_images {
+            Some(images) if self.batch_size < self.memory => write!(
+                f,
+                "the largest power of two that leaves {AUTO_MIN_STEPS} steps an epoch of {images} images; memory allows {}",
+                self.memory
+            ),
+            _ => write!(f, "the largest power of two that fits the memory"),
+        }?;
+        write!(
+            f,
+            ". optimizer.lr is used as written: when a batch size changes, scale lr with it (linear scaling)"
+        )
+    }
+}
+
 /// Headroom that `batch_size = "auto"` leaves below the budget, for what the count misses
 /// (allocator and pool rounding, the data loader's buffers, other processes).
 const AUTO_HEADROOM: f64 = 0.85;
@@ -204,8 +234,13 @@ impl Plan {
     }
 
     /// `batch_size = "auto"`: the largest power of two over all devices whose micro-batches fit
-    /// `budget` with headroom.
-    pub fn auto_batch_size(&self, budget: u64) -> Result<usize, PlanError> {
+    /// `budget` with headroom, and which leaves `train_images` (where known) at least
+    /// [`AUTO_MIN_STEPS`] optimizer steps an epoch, with at least one image per device.
+    pub fn auto_batch_size(
+        &self,
+        budget: u64,
+        train_images: Option<usize>,
+    ) -> Result<AutoBatch, PlanError> {
         let room = (budget as f64 * AUTO_HEADROOM) as u64;
         let per_device = self
             .largest_per_device(room)
@@ -213,8 +248,16 @@ impl Plan {
                 budget: room,
                 fixed: self.fixed_bytes(),
             })?;
-        let largest = per_device * self.replicas;
-        Ok(1 << largest.ilog2())
+        let memory = 1 << (per_device * self.replicas).ilog2();
+        let data = train_images.map(|images| {
+            let steps = images / (AUTO_MIN_STEPS * self.accumulate);
+            1usize << steps.max(self.replicas).max(1).ilog2()
+        });
+        Ok(AutoBatch {
+            batch_size: data.map_or(memory, |data| data.min(memory)),
+            memory,
+            train_images,
+        })
     }
 
     /// A batch and accumulation that give the configured update (`batch_size * accumulate`
@@ -297,18 +340,22 @@ pub fn advice(plan: Option<&Plan>, budget: Option<u64>, used: Option<u64>) -> St
     }
 }
 
-/// Settles `batch_size = "auto"` for `budget` bytes per device; a fixed batch stays.
+/// Settles `batch_size = "auto"` for `budget` bytes per device and a training set of
+/// `train_images` (where known); a fixed batch stays. Returns how `"auto"` chose, if it did.
 pub fn settle_batch_size(
     config: &TrainConfig,
     plan: &Plan,
     budget: Option<u64>,
-) -> Result<TrainConfig, PlanError> {
+    train_images: Option<usize>,
+) -> Result<(TrainConfig, Option<AutoBatch>), PlanError> {
     let mut settled = config.clone();
-    if config.batch_size == BatchSize::Auto {
-        let budget = budget.ok_or(PlanError::UnknownBudget)?;
-        settled.batch_size = BatchSize::Fixed(plan.auto_batch_size(budget)?);
+    if config.batch_size != BatchSize::Auto {
+        return Ok((settled, None));
     }
-    Ok(settled)
+    let budget = budget.ok_or(PlanError::UnknownBudget)?;
+    let auto = plan.auto_batch_size(budget, train_images)?;
+    settled.batch_size = BatchSize::Fixed(auto.batch_size);
+    Ok((settled, Some(auto)))
 }
 
 #[cfg(test)]
@@ -377,18 +424,42 @@ mod tests {
         config.batch_size = BatchSize::Auto;
         let plan = Plan::new(&config, 2).unwrap();
         let budget = plan.peak_bytes(100);
-        let settled = settle_batch_size(&config, &plan, Some(budget)).unwrap();
+        let (settled, _) = settle_batch_size(&config, &plan, Some(budget), None).unwrap();
         let batch = settled.batch_size.fixed().unwrap();
         assert!(batch.is_power_of_two());
         assert!(plan.peak_bytes(plan.per_device(batch)) as f64 <= budget as f64 * 0.85);
         assert!(plan.peak_bytes(plan.per_device(2 * batch)) as f64 > budget as f64 * 0.85);
         assert!(matches!(
-            settle_batch_size(&config, &plan, None),
+            settle_batch_size(&config, &plan, None, None),
             Err(PlanError::UnknownBudget)
         ));
         assert!(matches!(
-            settle_batch_size(&config, &plan, Some(plan.fixed_bytes())),
+            settle_batch_size(&config, &plan, Some(plan.fixed_bytes()), None),
             Err(PlanError::NothingFits { .. })
         ));
+    }
+
+    /// The quickstart's 1,500 images with 16 GiB to spare: memory alone would allow a batch of
+    /// 131,072 (one step an epoch, which trained to 13.8%); the data caps it.
+    #[test]
+    fn auto_never_takes_a_batch_that_leaves_too_few_steps_an_epoch() {
+        let mut config = cifar(1);
+        config.batch_size = BatchSize::Auto;
+        let plan = Plan::new(&config, 1).unwrap();
+        let budget = 16 << 30;
+        let memory = plan.auto_batch_size(budget, None).unwrap();
+        assert!(memory.batch_size >= 1024, "{memory:?}");
+        let (settled, auto) = settle_batch_size(&config, &plan, Some(budget), Some(1500)).unwrap();
+        // 1500 / 16 = 93: 64 leaves 24 steps, 128 would leave 12.
+        assert_eq!(settled.batch_size, BatchSize::Fixed(64));
+        let note = auto.unwrap().to_string();
+        assert!(note.contains("16 steps an epoch of 1500 images"), "{note}");
+        assert!(note.contains("optimizer.lr"), "{note}");
+        // Two devices: at least one image each, even for a tiny set.
+        let two = Plan::new(&config, 2).unwrap();
+        assert_eq!(two.auto_batch_size(budget, Some(5)).unwrap().batch_size, 2);
+        // A set that is large enough leaves memory in charge.
+        let large = plan.auto_batch_size(budget, Some(10_000_000)).unwrap();
+        assert_eq!(large.batch_size, memory.batch_size);
     }
 }

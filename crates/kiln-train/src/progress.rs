@@ -147,8 +147,8 @@ impl Observer for Console {
                 budget,
             } => {
                 let batch = match auto {
-                    true => format!("batch_size \"auto\": {batch_size}"),
-                    false => format!("batch_size {batch_size}"),
+                    Some(_) => format!("batch_size \"auto\": {batch_size}"),
+                    None => format!("batch_size {batch_size}"),
                 };
                 let share = match per_device == batch_size {
                     true => String::new(),
@@ -161,6 +161,9 @@ impl Observer for Console {
                     format!(" ({}{})", plan::bytes(b.bytes), b.source)
                 });
                 self.line(format!("{batch}{share}{estimate}{budget}"));
+                if let Some(auto) = auto {
+                    self.line(format!("batch_size \"auto\" chose {batch_size}: {auto}"));
+                }
             }
             Event::FirstStep => {
                 if self.compiles_kernels {
@@ -261,6 +264,10 @@ impl Observer for Console {
                 ));
             }
             Event::Checkpoint(path) => self.line(format!("checkpoint {}", path.display())),
+            Event::CheckpointSkipped { path, reason } => self.line(format!(
+                "warning: checkpoint {} is damaged ({reason}); resuming from an earlier one",
+                path.display()
+            )),
             Event::StoppedEarly(stop) => self.line(stop.to_string()),
             Event::Stopped(path) => {
                 if let Some(bar) = self.bar.take() {

@@ -18,6 +18,7 @@ use kiln_train::parallel::Placement;
 use kiln_train::param_groups::selects;
 use kiln_train::run_dir;
 use kiln_train::step::build_model;
+use kiln_train::tensorboard;
 use kiln_train::{
     EpochSummary, Event, Observer, Outcome, RunDir, Silent, TrainConfig, evaluate, train,
 };
@@ -89,7 +90,7 @@ fn numbers(history: &[EpochSummary]) -> Vec<[f64; 9]> {
 }
 
 /// With the weights' average (updated every 2 steps, copying during the first epoch), gradient
-/// clipping, mixup and CutMix, random erasing, and parameter groups with the stem frozen for two
+/// clipping, mixup and CutMix, TrivialAugment, random erasing, and parameter groups with the stem frozen for two
 /// epochs on: each checkpointed or drawn again exactly (the first resume while frozen, the
 /// second after).
 #[test]
@@ -111,7 +112,8 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
         "optimizer.no_weight_decay=['bn', 'bias']",
         "optimizer.groups=[{ params = ['fc'], lr_scale = 2.0 }]",
         "data.train_transforms=[{ op = 'random_crop', size = 8, padding = 1 }, \
-            { op = 'to_tensor' }, { op = 'random_erasing', value = 'random' }]",
+            { op = 'trivial_augment_wide' }, { op = 'to_tensor' }, \
+            { op = 'random_erasing', value = 'random' }]",
     ];
     let config = config(runs.path(), &recipe);
     let never = AtomicBool::new(false);
@@ -148,6 +150,30 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
     }
     assert_eq!(numbers(&interrupted.history()), expected);
     assert!(interrupted.model_path().is_file());
+    // TensorBoard: the same epoch figures at the same steps (times aside), and no step twice
+    // after resumes.
+    let (whole_board, resumed_board) = (board(&whole), board(&interrupted));
+    let timing = [
+        "epoch/seconds",
+        "epoch/images_per_s",
+        "epoch/peak_memory_bytes",
+    ];
+    let epochs = |b: &[(String, i64, f32)]| -> Vec<(String, i64, f32)> {
+        b.iter()
+            .filter(|(t, ..)| t.starts_with("epoch/") && !timing.contains(&t.as_str()))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(epochs(&resumed_board), epochs(&whole_board));
+    assert!(whole_board.contains(&("epoch/val_top1".into(), 18, expected[2][5] as f32)));
+    for tag in ["train/lr", "train/running_loss", "epoch/train_loss"] {
+        let steps: Vec<i64> = resumed_board
+            .iter()
+            .filter(|(t, ..)| t == tag)
+            .map(|(_, s, _)| *s)
+            .collect();
+        assert!(steps.windows(2).all(|w| w[0] < w[1]), "{tag}: {steps:?}");
+    }
     let history = interrupted.history();
     let model = interrupted.model_path();
     let summary = run_dir::summary_text(&config, &interrupted, history.last(), &model, None);
@@ -161,6 +187,29 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
     ] {
         assert!(interrupted.path.join(file).is_file(), "{file}");
     }
+}
+
+/// The scalars of a run's TensorBoard file as (tag, step, value), every record's checksums
+/// checked.
+fn board(run: &RunDir) -> Vec<(String, i64, f32)> {
+    let dir = run.path.join("tensorboard");
+    let file = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("tfevents"))
+        .unwrap();
+    tensorboard::read_events(&file)
+        .into_iter()
+        .map(Result::unwrap)
+        .flat_map(|event| {
+            let step = event.step;
+            event.summary.into_iter().flat_map(move |s| {
+                s.value
+                    .into_iter()
+                    .filter_map(move |v| Some((v.tag, step, v.simple_value?)))
+            })
+        })
+        .collect()
 }
 
 /// f16's loss scale starts at 2^16 and halves on every step whose gradients overflow: the
@@ -229,6 +278,171 @@ fn a_half_written_checkpoint_is_never_the_one_loaded() {
     // Resuming reads the good one (and has nothing left to do for a one-epoch run).
     let outcome = train_on_cpu(&config, &run, true, 1, &mut Silent, &never);
     assert!(matches!(outcome.unwrap(), Outcome::Finished { .. }));
+}
+
+/// What a resume says about where it starts.
+#[derive(Default)]
+struct Resumed {
+    from: Option<std::path::PathBuf>,
+    skipped: Vec<(std::path::PathBuf, String)>,
+}
+
+impl Observer for Resumed {
+    fn event(&mut self, event: Event<'_>) {
+        match event {
+            Event::Started { resumed_from, .. } => self.from = resumed_from.map(Path::to_path_buf),
+            Event::CheckpointSkipped { path, reason } => {
+                self.skipped.push((path.to_path_buf(), reason.to_string()))
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A damaged newest checkpoint (a byte flipped in its state, in its weights file's header or
+/// middle, or in its optimizer state, or its weights cut short) is passed over with a warning:
+/// the run resumes from the checkpoint before it and ends with the uninterrupted metrics.
+#[test]
+fn a_damaged_newest_checkpoint_is_passed_over_for_the_previous_one() {
+    let _turn = take_turn();
+    let runs = tempfile::tempdir().unwrap();
+    let config = config(runs.path(), &["checkpoints.keep_last = 3"]);
+    let never = AtomicBool::new(false);
+    let run = RunDir::create(runs.path(), &config).unwrap();
+    train_on_cpu(&config, &run, false, 1, &mut Silent, &never).unwrap();
+    let expected = numbers(&run.history());
+    let dir = run.checkpoints();
+    let (newest, previous) = (dir.join("epoch-0003"), dir.join("epoch-0002"));
+    assert!(newest.join("SHA256SUMS").is_file());
+    let optimizer = std::fs::read_dir(&newest)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|name| name.starts_with("optimizer"))
+        .unwrap();
+    for (file, at) in [
+        ("state.json", Some(0.5)),
+        ("model.mpk", Some(0.0001)),
+        ("model.mpk", Some(0.5)),
+        (optimizer.as_str(), Some(0.7)),
+        ("model.mpk", None),
+    ] {
+        let path = newest.join(file);
+        let mut bytes = std::fs::read(&path).unwrap();
+        match at {
+            Some(at) => {
+                let index = (bytes.len() as f64 * at) as usize;
+                bytes[index] ^= 0x10;
+            }
+            None => bytes.truncate(bytes.len() / 2),
+        }
+        std::fs::write(&path, bytes).unwrap();
+        let mut resumed = Resumed::default();
+        train_on_cpu(&config, &run, true, 1, &mut resumed, &never).unwrap();
+        let case = format!("{file} damaged at {at:?}");
+        assert_eq!(resumed.from.as_deref(), Some(previous.as_path()), "{case}");
+        assert_eq!(resumed.skipped.len(), 1, "{case}");
+        assert_eq!(resumed.skipped[0].0, newest, "{case}");
+        assert_eq!(numbers(&run.history()), expected, "{case}");
+        // The epoch trained again wrote a whole checkpoint in the damaged one's place.
+        assert_eq!(checkpoint::verify(&newest), Ok(()), "{case}");
+    }
+}
+
+/// Copies the run as it stands at a mid-epoch checkpoint: what a kill right after it leaves.
+struct SnapshotAtCheckpoint {
+    run: std::path::PathBuf,
+    iteration: usize,
+    at: usize,
+    snapshot: std::path::PathBuf,
+    checkpoints: usize,
+}
+
+impl Observer for SnapshotAtCheckpoint {
+    fn event(&mut self, event: Event<'_>) {
+        match event {
+            Event::Iteration { iteration, .. } => self.iteration = iteration,
+            Event::Checkpoint(path) => {
+                self.checkpoints += 1;
+                let mid_epoch = path.to_string_lossy().contains("-batch-");
+                if mid_epoch && self.iteration == self.at {
+                    copy_dir(&self.run, &self.snapshot);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        match entry.file_type().unwrap().is_dir() {
+            true => copy_dir(&entry.path(), &target),
+            false => drop(std::fs::copy(entry.path(), &target).unwrap()),
+        }
+    }
+}
+
+/// Counts the steps a run takes.
+#[derive(Default)]
+struct Steps(usize);
+
+impl Observer for Steps {
+    fn event(&mut self, event: Event<'_>) {
+        if let Event::Iteration { .. } = event {
+            self.0 += 1;
+        }
+    }
+}
+
+/// `checkpoints.every_steps = 4` (6 steps an epoch): checkpoints within epochs (steps 4, 8 and
+/// 16; 12 and 18 end epochs) replace each other, epoch ones are kept as `keep_last` says, and a
+/// run killed after the one at step 16 redoes only steps 17 and 18, ending as the uninterrupted
+/// run does.
+#[test]
+fn mid_epoch_checkpoints_bound_what_a_kill_loses() {
+    let _turn = take_turn();
+    let runs = tempfile::tempdir().unwrap();
+    let config = config(
+        runs.path(),
+        &[
+            "checkpoints.every_steps = 4",
+            "checkpoints.keep_last = 2",
+            "checkpoints.keep_best = false",
+        ],
+    );
+    let never = AtomicBool::new(false);
+    let run = RunDir::create(runs.path(), &config).unwrap();
+    let mut observer = SnapshotAtCheckpoint {
+        run: run.path.clone(),
+        iteration: 0,
+        at: 16,
+        snapshot: runs.path().join("killed"),
+        checkpoints: 0,
+    };
+    train_on_cpu(&config, &run, false, 1, &mut observer, &never).unwrap();
+    assert_eq!(observer.checkpoints, 6);
+    let expected = numbers(&run.history());
+    let mut left: Vec<String> = std::fs::read_dir(run.checkpoints())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["epoch-0002", "epoch-0003"]);
+
+    let killed = RunDir::open(&observer.snapshot);
+    let (newest, position) = checkpoint::latest(&killed.checkpoints()).unwrap();
+    assert_eq!(
+        (position.epoch, position.batch, position.iteration),
+        (2, 4, 16),
+        "{newest:?}"
+    );
+    let mut steps = Steps::default();
+    train_on_cpu(&config, &killed, true, 1, &mut steps, &never).unwrap();
+    assert_eq!(steps.0, 2);
+    assert_eq!(numbers(&killed.history()), expected);
 }
 
 /// `[early_stopping]` with an improvement no top-1 can make: the second epoch does not improve

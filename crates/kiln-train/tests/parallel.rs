@@ -108,8 +108,8 @@ fn two_replicas_train_as_one_device_on_the_whole_batch() {
 
 /// Clipping (on the all-reduced gradients), balanced class weights and the weights' average
 /// (kept by replica 0, exported here) give the same model on two replicas as on one device;
-/// so do mixup and CutMix (per image) with random erasing, which the loader does before the
-/// batch is shared out.
+/// so do mixup and CutMix (per image) with RandAugment and random erasing, which the loader does
+/// before the batch is shared out.
 #[test]
 fn two_replicas_with_the_recipe_train_as_one_device() {
     let _turn = take_turn();
@@ -139,7 +139,8 @@ fn two_replicas_with_the_recipe_train_as_one_device() {
         "mixup.mixup_alpha = 0.8",
         "mixup.cutmix_alpha = 1.0",
         "mixup.mode = 'elem'",
-        "data.train_transforms = [{ op = 'to_tensor' }, { op = 'random_erasing', p = 1.0 }]",
+        "data.train_transforms = [{ op = 'rand_augment' }, { op = 'to_tensor' }, \
+            { op = 'random_erasing', p = 1.0 }]",
     ];
     let mixed = self::config(runs.path(), &mixing);
     let one = trained(&mixed, 1);

@@ -105,7 +105,9 @@ impl EventWriter {
                 .filter_map(Result::ok)
                 .filter(|e| e.step <= step)
                 .collect();
-            let partial = path.with_extension("partial");
+            // Not named `*tfevents*`: a kill mid-rewrite must not leave a second file that
+            // TensorBoard would read.
+            let partial = dir.join(".events.rewrite");
             let mut writer = EventWriter {
                 file: BufWriter::new(File::create(&partial)?),
                 path: partial.clone(),

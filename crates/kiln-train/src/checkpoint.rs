@@ -174,10 +174,7 @@ fn files(folder: &Path) -> std::io::Result<Vec<String>> {
 }
 
 fn sha256(path: &Path) -> std::io::Result<String> {
-    use sha2::{Digest, Sha256};
-    let mut hasher = Sha256::new();
-    std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
-    Ok(format!("{:x}", hasher.finalize()))
+    kiln_download::sha256_file(path).map_err(std::io::Error::other)
 }
 
 /// Checks the checkpoint at `path` against its `SHA256SUMS`: every file listed is there with the
@@ -202,7 +199,6 @@ pub fn verify(path: &Path) -> Result<(), String> {
         }
         listed.push(name.to_string());
     }
-    listed.sort();
     let present = files(path).map_err(|e| e.to_string())?;
     match present.iter().find(|name| !listed.contains(name)) {
         Some(extra) => Err(format!("{extra} is not in its {MANIFEST}")),

@@ -21,6 +21,7 @@ use kiln_train::step::build_model;
 use kiln_train::{Outcome, RunDir, TrainConfig, TrainError};
 
 pub use kiln_backend::{BackendChoice, DeviceSelection, KernelCache};
+pub use kiln_train::lr_find::{LrFind, LrFindOptions, LrPoint};
 pub use kiln_train::parallel::Cluster;
 
 /// Trains `config` into `run` on the requested backend and devices (data parallel when there
@@ -266,6 +267,45 @@ impl BackendTask for Measure<'_> {
 
 /// Compiles and tunes the kernels `config`'s run will use on the requested device, so that the
 /// run itself starts at full speed (`kiln warmup`); says where they are kept.
+/// Leslie Smith's learning-rate range test (`kiln_train::lr_find`) on `config`'s model and
+/// data, on the first requested device; `progress` hears each step. Nothing is written.
+pub fn lr_find(
+    config: &TrainConfig,
+    backend: BackendChoice,
+    devices: &DeviceSelection,
+    options: LrFindOptions,
+    progress: impl FnMut(usize, &LrPoint),
+) -> anyhow::Result<LrFind> {
+    options.check().map_err(anyhow::Error::msg)?;
+    let resolved = resolve(backend, devices, &probe())?;
+    configure_kernel_cache(&resolved);
+    let available = MemoryMeter::for_device(&resolved).available();
+    let task = RangeTest {
+        config: eval_batch_size(config, available),
+        options,
+        progress,
+    };
+    Ok(run_on(&resolved, task)??)
+}
+
+struct RangeTest<P> {
+    config: TrainConfig,
+    options: LrFindOptions,
+    progress: P,
+}
+
+impl<P: FnMut(usize, &LrPoint)> BackendTask for RangeTest<P> {
+    type Output = Result<LrFind, TrainError>;
+
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output {
+        let device = devices
+            .into_iter()
+            .next()
+            .expect("resolve gives at least one device");
+        kiln_train::lr_find::lr_find::<B>(&self.config, &self.options, &device, self.progress)
+    }
+}
+
 pub fn warmup(
     config: &TrainConfig,
     backend: BackendChoice,

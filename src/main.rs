@@ -4,6 +4,8 @@ mod check;
 mod devices;
 mod plan;
 mod predict;
+mod stats;
+mod summary;
 mod train;
 
 use std::process::ExitCode;
@@ -49,11 +51,31 @@ enum Command {
     )]
     Warmup(train::WarmupArgs),
 
+    /// Find a learning rate: Leslie Smith's range test on a fresh copy of a config's model.
+    #[command(
+        name = "lr-find",
+        after_help = "Examples:\n  kiln lr-find --config configs/quickstart.toml\n  kiln lr-find --config configs/cifar10-resnet18-sgd.toml --start 1e-5 --end 1 --steps 200 --out lr"
+    )]
+    LrFind(train::LrFindArgs),
+
+    /// Describe a config's training set: per-channel mean and std for `normalize`, images per
+    /// class, image sizes, unreadable files.
+    #[command(
+        after_help = "Examples:\n  kiln stats --config configs/imagefolder-resnet50.toml\n  kiln stats --config configs/quickstart.toml --json"
+    )]
+    Stats(stats::StatsArgs),
+
     /// Estimate the device memory a config's training takes and the batch that fits.
     #[command(
         after_help = "Examples:\n  kiln plan --config configs/imagefolder-resnet50.toml\n  kiln plan --config configs/cifar10-resnet18-sgd.toml --set batch_size=512 --memory 8GiB\n  kiln plan --config configs/quickstart.toml --measure"
     )]
     Plan(plan::PlanArgs),
+
+    /// A ResNet stage by stage: output shapes, parameters, multiply-adds and training memory.
+    #[command(
+        after_help = "Examples:\n  kiln summary --model resnet50\n  kiln summary --model resnet18 --stem cifar --image-size 32 --num-classes 10 --json"
+    )]
+    Summary(summary::SummaryArgs),
 
     /// Evaluate a trained model on its data set's validation part.
     #[command(
@@ -106,6 +128,9 @@ fn main() -> ExitCode {
         Command::Eval(args) => train::run_eval(args),
         Command::Warmup(args) => train::run_warmup(args),
         Command::Plan(args) => plan::run(args),
+        Command::Stats(args) => stats::run(args),
+        Command::LrFind(args) => train::run_lr_find(args),
+        Command::Summary(args) => summary::run(args),
         Command::Compare(args) => check::run_compare(args),
         Command::Bench(args) => check::run_bench(args),
     };
@@ -143,12 +168,12 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// burn's and cubecl's warnings (and errors) reach the user; `RUST_LOG` says otherwise. wgpu's
-/// own chatter about the platform stays at errors.
+/// own chatter about the platform stays at errors; the multi-machine network's is off, as kiln
+/// reports a lost machine itself.
 fn install_logger() {
-    env_logger::Builder::from_env(
-        env_logger::Env::default()
-            .default_filter_or("warn,wgpu_hal=error,wgpu_core=error,naga=error"),
-    )
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(
+        "warn,wgpu_hal=error,wgpu_core=error,naga=error,burn_communication=off,burn_collective=off",
+    ))
     .format_timestamp(None)
     .init();
 }
@@ -170,6 +195,12 @@ fn install_panic_hook() {
             || kiln_train::panics::is_handled_thread(name)
         {
             kiln_train::panics::record_runtime_panic(&first_line);
+            return;
+        }
+        // A machine that left a multi-machine run breaks the network's threads; the
+        // all-reduce waiting on it reports that as the run's error.
+        if kiln_train::panics::is_network_thread(name) {
+            kiln_train::panics::record_network_panic(&first_line);
             return;
         }
         let runtime = kiln_train::panics::is_runtime_thread(name);

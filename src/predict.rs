@@ -50,7 +50,7 @@ pub struct PredictArgs {
     device: DeviceArgs,
 }
 
-fn parse_stem(s: &str) -> Result<Stem, String> {
+pub fn parse_stem(s: &str) -> Result<Stem, String> {
     match s {
         "imagenet" => Ok(Stem::Imagenet),
         "cifar" => Ok(Stem::Cifar),

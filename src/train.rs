@@ -208,6 +208,68 @@ pub fn run_eval(mut args: EvalArgs) -> anyhow::Result<()> {
             kiln_train::config::Tta::Hflip => " (each image averaged with its mirror)",
         }
     );
+    print!("{}", result.confusion.report(&result.class_names));
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct LrFindArgs {
+    /// The config whose model, optimizer and training data to test.
+    #[arg(long)]
+    config: PathBuf,
+    /// The first learning rate.
+    #[arg(long, default_value_t = 1e-7)]
+    start: f64,
+    /// The last learning rate.
+    #[arg(long, default_value_t = 10.0)]
+    end: f64,
+    /// Steps from the first rate to the last (fewer if the loss diverges).
+    #[arg(long, default_value_t = 100)]
+    steps: usize,
+    /// Where to write lr-find.csv and lr-find.svg.
+    #[arg(long, default_value = ".")]
+    out: PathBuf,
+
+    #[command(flatten)]
+    options: ConfigOptions,
+}
+
+pub fn run_lr_find(args: LrFindArgs) -> anyhow::Result<()> {
+    let config = TrainConfig::load(&args.config, &args.options.overrides)?;
+    let (backend, devices) = args.options.device_request(&config)?;
+    let options = kiln::LrFindOptions {
+        start: args.start,
+        end: args.end,
+        steps: args.steps,
+        ..kiln::LrFindOptions::default()
+    };
+    let bar = indicatif::ProgressBar::new(args.steps as u64).with_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .expect("a valid template"),
+    );
+    let result = kiln::lr_find(&config, backend, &devices, options, |_, point| {
+        bar.inc(1);
+        bar.set_message(format!("lr {:.2e}, loss {:.4}", point.lr, point.smoothed));
+    });
+    bar.finish_and_clear();
+    let result = result?;
+    let [csv, svg] = kiln_train::lr_find::write_files(&result, &args.out)
+        .with_context(|| format!("writing the results into {}", args.out.display()))?;
+    let ending = match result.diverged {
+        true => "the loss diverged, which ended the test",
+        false => "the range ended without the loss diverging",
+    };
+    match result.suggestion {
+        Some(lr) => println!(
+            "suggested learning rate: {lr:.2e} (where the smoothed loss falls fastest); {} steps, {ending}",
+            result.points.len()
+        ),
+        None => println!(
+            "no suggestion: only {} steps before {ending}; try a lower --start",
+            result.points.len()
+        ),
+    }
+    println!("wrote {} and {}", csv.display(), svg.display());
     Ok(())
 }
 

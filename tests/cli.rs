@@ -70,6 +70,89 @@ fn a_backend_that_is_not_there_is_one_line_and_a_failure() {
     }
 }
 
+/// `kiln summary`'s totals are torchvision's parameter count and published multiply-adds;
+/// a bad argument is one line.
+#[test]
+fn summary_counts_a_resnet_stage_by_stage() {
+    let output = kiln(&["summary", "--model", "resnet50", "--json"]);
+    assert!(output.status.success(), "{:?}", errors(&output));
+    let summary: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(summary["parameters"], 25_557_032);
+    let giga = summary["mult_adds"].as_f64().unwrap() / 1e9;
+    assert!((giga - 4.09).abs() < 0.005, "{giga}");
+    assert_eq!(summary["stages"].as_array().unwrap().len(), 6);
+
+    let output = kiln(&[
+        "summary",
+        "--model",
+        "resnet18",
+        "--stem",
+        "cifar",
+        "--image-size",
+        "32",
+    ]);
+    assert!(output.status.success(), "{:?}", errors(&output));
+    let text = stdout(&output);
+    assert!(
+        text.contains("layer4") && text.contains("11,681,832"),
+        "{text}"
+    );
+
+    for bad in [
+        ["--model", "resnet19"],
+        ["--image-size", "0"],
+        ["--stem", "tiny"],
+    ] {
+        let mut args = vec!["summary"];
+        args.extend(bad);
+        let output = kiln(&args);
+        assert!(!output.status.success(), "{bad:?}");
+        let lines: Vec<String> = errors(&output)
+            .into_iter()
+            .filter(|l| !l.is_empty())
+            .collect();
+        assert!(
+            lines.iter().filter(|l| l.contains("error")).count() == 1,
+            "{bad:?}: {lines:?}"
+        );
+    }
+}
+
+/// `kiln stats` on the shipped digits: the normalize line, ten classes, one stored size.
+#[test]
+fn stats_describes_the_training_set() {
+    let output = kiln(&["stats", "--config", "configs/quickstart.toml", "--json"]);
+    assert!(output.status.success(), "{:?}", errors(&output));
+    let stats: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    let classes = stats["classes"].as_array().unwrap();
+    assert_eq!(classes.len(), 10);
+    let counted: u64 = classes.iter().map(|c| c[1].as_u64().unwrap()).sum();
+    assert_eq!(counted, stats["images"].as_u64().unwrap());
+    for c in 0..3 {
+        let (mean, std) = (
+            stats["mean"][c].as_f64().unwrap(),
+            stats["std"][c].as_f64().unwrap(),
+        );
+        assert!(
+            mean > 0.0 && mean < 1.0 && std > 0.0 && std < 0.5,
+            "{stats}"
+        );
+    }
+    assert_eq!(stats["unreadable"].as_array().unwrap().len(), 0);
+
+    let output = kiln(&["stats", "--config", "configs/quickstart.toml"]);
+    assert!(output.status.success(), "{:?}", errors(&output));
+    assert!(
+        stdout(&output).contains("{ op = \"normalize\", mean = ["),
+        "{}",
+        stdout(&output)
+    );
+
+    let output = kiln(&["stats", "--config", "configs/no-such-config.toml"]);
+    assert!(!output.status.success());
+    assert_eq!(errors(&output).len(), 1, "{:?}", errors(&output));
+}
+
 #[test]
 fn predict_prints_the_top_classes_of_each_image() {
     let dir = tempfile::tempdir().unwrap();

@@ -86,6 +86,80 @@ fn finish(mut child: Child, limit: Duration) -> (bool, String) {
     }
 }
 
+/// Starts machines 0 and 1 of a run on loopback: `kiln train` with `args(rank)`.
+fn start_nodes(args: impl Fn(usize) -> Vec<String>) -> Vec<Child> {
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    (0..2)
+        .map(|rank| {
+            Command::new(env!("CARGO_BIN_EXE_kiln"))
+                .arg("train")
+                .args(args(rank))
+                .args(["--backend", "flex", "--nodes", "2"])
+                .args(["--node-rank", &rank.to_string()])
+                .args(["--coordinator", &coordinator])
+                .args(["--node-address", &format!("127.0.0.1:{}", free_port())])
+                .env_remove("RUST_BACKTRACE")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// `kiln train`'s arguments for a new run of `config` with its run directory in `runs`.
+fn new_run(config: &str, runs: &Path) -> Vec<String> {
+    let set = format!("logging.runs_dir='{}'", runs.display());
+    ["--config", config, "--set", &set]
+        .map(String::from)
+        .to_vec()
+}
+
+/// The run directory in `runs` once it has its first epoch's checkpoint.
+fn after_first_epoch(runs: &Path, limit: Duration) -> PathBuf {
+    let start = Instant::now();
+    loop {
+        let run = std::fs::read_dir(runs)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path())
+            .find(|run| run.join("checkpoints/epoch-0001").is_dir());
+        if let Some(run) = run {
+            return run;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "no first checkpoint in {}",
+            runs.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The names of a run's checkpoints.
+fn checkpoints(run: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A longer run of the same model: long enough to be stopped in the middle.
+fn long_run(dir: &Path) -> String {
+    let path = dir.join("long.toml");
+    // At lr 0.1 this model diverges in its second epoch (the loss reaches millions on one
+    // process, NaN on two): a tenth of it trains.
+    let config = CONFIG
+        .replace("epochs = 2", "epochs = 5")
+        .replace("train_size = 24", "train_size = 120")
+        .replace("lr = 0.1", "lr = 0.01");
+    std::fs::write(&path, config).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
 #[test]
 fn two_processes_through_the_coordinator_train_as_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -106,25 +180,7 @@ fn two_processes_through_the_coordinator_train_as_one() {
     ]);
     assert!(single.status.success(), "{:?}", errors(&single));
 
-    let coordinator = format!("127.0.0.1:{}", free_port());
-    let nodes: Vec<Child> = (0..2)
-        .map(|rank| {
-            Command::new(env!("CARGO_BIN_EXE_kiln"))
-                .args(["train", "--config", &config_arg, "--backend", "flex"])
-                .args(["--nodes", "2", "--node-rank", &rank.to_string()])
-                .args(["--coordinator", &coordinator])
-                .args(["--node-address", &format!("127.0.0.1:{}", free_port())])
-                .arg("--set")
-                .arg(format!(
-                    "logging.runs_dir='{}'",
-                    runs(&format!("node{rank}")).display()
-                ))
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let nodes = start_nodes(|rank| new_run(&config_arg, &runs(&format!("node{rank}"))));
     for (rank, node) in nodes.into_iter().enumerate() {
         let (ok, stderr) = finish(node, Duration::from_secs(300));
         assert!(ok, "node {rank} failed: {stderr}");
@@ -209,4 +265,70 @@ fn a_node_rank_out_of_range_is_one_clear_line() {
             .any(|l| l.contains("--node-rank 2 is out of range")),
         "{errors:?}"
     );
+}
+
+#[test]
+fn ctrl_c_on_one_machine_stops_every_machine_at_the_same_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = long_run(dir.path());
+    let runs = |rank: usize| dir.path().join(format!("node{rank}"));
+    let mut nodes = start_nodes(|rank| new_run(&config, &runs(rank)));
+    let run: Vec<PathBuf> = (0..2)
+        .map(|rank| after_first_epoch(&runs(rank), Duration::from_secs(120)))
+        .collect();
+    let interrupt = Command::new("kill")
+        .args(["-INT", &nodes[1].id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupt.success());
+    for (rank, node) in nodes.drain(..).enumerate() {
+        let (ok, stderr) = finish(node, Duration::from_secs(60));
+        assert!(ok, "node {rank} did not stop cleanly: {stderr}");
+        assert!(!stderr.contains("error"), "node {rank}: {stderr}");
+    }
+    // Both wrote a checkpoint at the step where machine 1 asked to stop.
+    let (saved0, saved1) = (checkpoints(&run[0]), checkpoints(&run[1]));
+    assert_eq!(saved0, saved1);
+    let last = saved0.last().unwrap();
+    assert!(
+        last.contains("-batch-"),
+        "no checkpoint at the stop: {saved0:?}"
+    );
+
+    // And both go on from it together to the end.
+    let nodes = start_nodes(|rank| vec!["--resume".into(), run[rank].display().to_string()]);
+    for (rank, node) in nodes.into_iter().enumerate() {
+        let (ok, stderr) = finish(node, Duration::from_secs(300));
+        assert!(ok, "node {rank} failed to resume: {stderr}");
+    }
+    let loaded = TrainConfig::load(Path::new(&config), &[]).unwrap();
+    let model = |rank: usize| parameters(&loaded, &run[rank].join("model.safetensors"));
+    assert_eq!(model(0), model(1));
+
+    // With the figures of one uninterrupted process.
+    let single = dir.path().join("single");
+    let output = kiln(&[
+        "train",
+        "--config",
+        &config,
+        "--backend",
+        "flex",
+        "--set",
+        &format!("logging.runs_dir='{}'", single.display()),
+    ]);
+    assert!(output.status.success(), "{:?}", errors(&output));
+    let losses = |run: &Path| -> Vec<f64> {
+        let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+        (csv.lines().skip(1))
+            .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
+            .collect()
+    };
+    let expected = losses(model_file(&single).parent().unwrap());
+    assert_eq!(expected.len(), 5);
+    for (a, b) in expected.iter().zip(&losses(&run[1])) {
+        assert!(
+            (a - b).abs() < 1e-4,
+            "train loss {a} on one process, {b} after the stop"
+        );
+    }
 }

@@ -46,9 +46,29 @@ fn the_quickstart_reaches_95_percent_on_the_shipped_digits() {
         "lr.svg",
         "model.safetensors",
         "summary.txt",
+        "confusion.csv",
+        "per_class.csv",
+        "confusion.svg",
+        "best/confusion.csv",
+        "best/per_class.csv",
+        "best/confusion.svg",
     ] {
         assert!(run.join(file).is_file(), "{file} is missing");
     }
+    // The last epoch's confusion matrix gives its top-1: the diagonal over the whole.
+    let confusion = std::fs::read_to_string(run.join("confusion.csv")).unwrap();
+    let rows: Vec<Vec<u64>> = (confusion.lines().skip(1))
+        .map(|l| l.split(',').skip(1).map(|n| n.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 10, "{confusion}");
+    let total: u64 = rows.iter().flatten().sum();
+    let diagonal: u64 = (0..10).map(|i| rows[i][i]).sum();
+    assert!(
+        (diagonal as f64 / total as f64 - top1).abs() < 1e-9,
+        "{confusion}"
+    );
+    let macro_f1 = last["val_macro_f1"].as_f64().unwrap();
+    assert!(macro_f1 > 0.9 && macro_f1 <= 1.0, "{last}");
 
     // `kiln eval` on the run gives the same validation accuracy from the exported model.
     let output = kiln(&["eval", "--run", &run.to_string_lossy(), "--backend", "flex"]);
@@ -58,6 +78,12 @@ fn the_quickstart_reaches_95_percent_on_the_shipped_digits() {
         text.contains(&format!("top-1 {:.2}%", top1 * 100.0)),
         "{text}"
     );
+    // And prints the per-class table: a row per digit, the macro F1 the run recorded.
+    assert!(
+        text.contains("precision") && text.contains("support"),
+        "{text}"
+    );
+    assert!(text.contains(&format!("macro F1 {macro_f1:.4}")), "{text}");
 }
 
 #[test]
@@ -114,6 +140,105 @@ fn every_shipped_config_runs_one_iteration_on_synthetic_data() {
                 config.display()
             );
         }
+    }
+}
+
+/// Two short epochs of the CIFAR recipe: the weights' average is validated beside the weights,
+/// the gradient norm is recorded (with clipping asked for), and accuracy says it counts mixed
+/// images by their dominant label.
+#[test]
+fn the_cifar_recipe_shows_each_part_in_its_metrics() {
+    let runs = tempfile::tempdir().unwrap();
+    let runs_dir = format!("logging.runs_dir={}", runs.path().display());
+    let output = kiln(&[
+        "train",
+        "--config",
+        "configs/cifar10-resnet18-recipe.toml",
+        "--backend",
+        "flex",
+        "--set",
+        "data.source={ kind = \"synthetic\", train_size = 16, val_size = 8, image_size = 32, num_classes = 3 }",
+        "--set",
+        "epochs=2",
+        "--set",
+        "batch_size=8",
+        "--set",
+        "model.width=4",
+        "--set",
+        "data.workers=1",
+        "--set",
+        "ema.warmup_epochs=1",
+        "--set",
+        "schedule.warmup_epochs=1",
+        "--set",
+        "optimizer.clip_grad_norm=5.0",
+        "--set",
+        &runs_dir,
+    ]);
+    assert!(output.status.success(), "{:?}", errors(&output));
+    let run = run_dir(runs.path());
+    let history = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let epochs: Vec<serde_json::Value> = history
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(epochs.len(), 2);
+    let last = &epochs[1];
+    let number = |key: &str| {
+        last[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key}: {last}"))
+    };
+    // Averaging began with epoch 2: the average is not the weights.
+    assert_ne!(number("ema_val_loss"), number("val_loss"), "{last}");
+    assert!(number("ema_val_top1") >= 0.0);
+    assert!(number("grad_norm_mean") > 0.0 && number("grad_norm_max") >= number("grad_norm_mean"));
+    let summary = std::fs::read_to_string(run.join("summary.txt")).unwrap();
+    assert!(summary.contains("dominant label"), "{summary}");
+}
+
+/// `kiln lr-find` on the quickstart suggests a sensible rate, writes its two files where asked
+/// and leaves no run behind; bad arguments are one line.
+#[test]
+fn lr_find_on_the_quickstart_suggests_a_sensible_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs_dir = format!("logging.runs_dir={}", dir.path().join("runs").display());
+    let out = dir.path().join("out");
+    let output = kiln(&[
+        "lr-find",
+        "--config",
+        "configs/quickstart.toml",
+        "--backend",
+        "flex",
+        "--out",
+        &out.to_string_lossy(),
+        "--set",
+        &runs_dir,
+    ]);
+    assert!(output.status.success(), "{:?}", errors(&output));
+    let text = String::from_utf8_lossy(&output.stdout);
+    let suggested: f64 = text
+        .split("suggested learning rate: ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{text}"))
+        .parse()
+        .unwrap();
+    assert!((1e-4..=1e-1).contains(&suggested), "{text}");
+    let csv = std::fs::read_to_string(out.join("lr-find.csv")).unwrap();
+    assert!(csv.lines().count() > 20, "{csv}");
+    assert!(out.join("lr-find.svg").is_file());
+    assert!(
+        !dir.path().join("runs").exists(),
+        "a run directory was left"
+    );
+
+    for bad in [["--steps", "1"], ["--start", "0"]] {
+        let mut args = vec!["lr-find", "--config", "configs/quickstart.toml"];
+        args.extend(bad);
+        let output = kiln(&args);
+        assert!(!output.status.success(), "{bad:?}");
+        assert_eq!(errors(&output).len(), 1, "{bad:?}: {:?}", errors(&output));
     }
 }
 

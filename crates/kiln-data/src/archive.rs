@@ -88,6 +88,47 @@ mod tests {
         builder.into_inner().unwrap().finish().unwrap();
     }
 
+    /// An archive of `data/ok.bin` and one link entry of `kind` to `target`.
+    fn write_link_archive(path: &Path, kind: EntryType, target: &str) {
+        let gz = GzEncoder::new(File::create(path).unwrap(), Compression::fast());
+        let mut builder = tar::Builder::new(gz);
+        let mut header = tar::Header::new_gnu();
+        header.set_size(1);
+        header.set_mode(0o644);
+        builder
+            .append_data(&mut header, "data/ok.bin", &b"1"[..])
+            .unwrap();
+        let mut link = tar::Header::new_gnu();
+        link.set_entry_type(kind);
+        link.set_size(0);
+        link.set_mode(0o644);
+        builder.append_link(&mut link, "data/link", target).unwrap();
+        builder.into_inner().unwrap().finish().unwrap();
+    }
+
+    #[test]
+    fn absolute_symlink_and_hard_link_entries_leave_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let absolute = dir.path().join("absolute.tar.gz");
+        write_archive(&absolute, &[(b"/tmp/kiln-absolute-entry", b"x")]);
+        let err = extract_tar_gz(&absolute, dir.path(), "data").unwrap_err();
+        assert!(err.to_string().contains("outside the target"), "{err}");
+        assert!(!Path::new("/tmp/kiln-absolute-entry").exists());
+        for (name, kind) in [
+            ("symlink", EntryType::Symlink),
+            ("hardlink", EntryType::Link),
+        ] {
+            let archive = dir.path().join(format!("{name}.tar.gz"));
+            write_link_archive(&archive, kind, "/etc/passwd");
+            let err = extract_tar_gz(&archive, dir.path(), "data").unwrap_err();
+            assert!(
+                err.to_string().contains("only files and folders"),
+                "{name}: {err}"
+            );
+            assert!(!dir.path().join("data").exists(), "{name}");
+        }
+    }
+
     #[test]
     fn a_good_archive_lands_in_place() {
         let dir = tempfile::tempdir().unwrap();

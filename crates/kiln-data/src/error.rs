@@ -6,7 +6,7 @@ use std::path::PathBuf;
 pub enum DataError {
     #[error("cannot read image {}: {reason}", path.display())]
     Unreadable { path: PathBuf, reason: String },
-    #[error("image {} is {width}x{height}, over the limit of {max} pixels a side; raise the limit if it is genuine", path.display())]
+    #[error("image {} is {width}x{height}, over the limit of {max} pixels a side; data.max_image_side raises it if the image is genuine", path.display())]
     TooLarge {
         path: PathBuf,
         width: u32,

@@ -11,6 +11,8 @@ use crate::DataError;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ImageLimits {
     pub max_side: u32,
+    /// Pixels (width x height), checked from the header (`data.max_image_pixels`).
+    pub max_pixels: u64,
     /// Decoded bytes.
     pub max_bytes: u64,
     /// Bytes of the file itself (`data.max_file_bytes`).
@@ -21,16 +23,22 @@ pub struct ImageLimits {
 }
 
 impl Default for ImageLimits {
-    /// 16,384 pixels a side, 1 GiB decoded and 256 MiB of file, far above any photograph.
+    /// 16,384 pixels a side, PIL's decompression-bomb limit of pixels, 1 GiB decoded and 256 MiB
+    /// of file, far above any photograph.
     fn default() -> Self {
         Self {
             max_side: 16_384,
+            max_pixels: PIL_MAX_PIXELS,
             max_bytes: 1 << 30,
             max_file_bytes: 256 << 20,
             allow_truncated: false,
         }
     }
 }
+
+/// The pixel count over which PIL refuses an image as a decompression bomb
+/// (`DecompressionBombError`: twice `Image.MAX_IMAGE_PIXELS`).
+pub const PIL_MAX_PIXELS: u64 = 2 * 89_478_485;
 
 /// Decodes an image file of any common format to 8-bit RGB, as PIL's `convert("RGB")` does:
 /// grayscale is replicated, alpha is dropped, palettes are expanded, 16-bit is scaled down.
@@ -64,6 +72,13 @@ pub fn load_rgb(path: &Path, limits: ImageLimits) -> Result<RgbImage, DataError>
             height,
             max: limits.max_side,
         });
+    }
+    let pixels = u64::from(width) * u64::from(height);
+    if pixels > limits.max_pixels {
+        return Err(unreadable(format!(
+            "its header says {width}x{height}, {pixels} pixels, over the limit of {} that guards              against decompression bombs, as PIL's; data.max_image_pixels raises it if the image is genuine",
+            limits.max_pixels
+        )));
     }
     let mut decode_limits = image::Limits::default();
     decode_limits.max_image_width = Some(limits.max_side);
@@ -205,6 +220,22 @@ mod tests {
         };
         let err = load_rgb(&good, tiny_files).unwrap_err().to_string();
         assert!(err.contains("data.max_file_bytes"), "{err}");
+        let few_pixels = ImageLimits {
+            max_pixels: 64 * 64 - 1,
+            ..ImageLimits::default()
+        };
+        let err = load_rgb(&good, few_pixels).unwrap_err().to_string();
+        assert!(err.contains("data.max_image_pixels"), "{err}");
+        assert!(
+            load_rgb(
+                &good,
+                ImageLimits {
+                    max_pixels: 64 * 64,
+                    ..few_pixels
+                }
+            )
+            .is_ok()
+        );
     }
 
     /// PIL refuses a JPEG that ends early, even by its last two bytes; the `image` crate would

@@ -20,6 +20,7 @@ mod loader;
 pub mod mix;
 mod seed;
 mod source;
+pub mod stats;
 mod synthetic;
 pub mod transforms;
 

@@ -695,6 +695,25 @@ fn color_jitter(mut image: RgbImage, amounts: [f64; 4], rng: &mut impl Rng) -> R
     image
 }
 
+/// The draws `RandomErasing` makes, as torch makes them: separate from the arithmetic, so that
+/// a test can hand it torch's own.
+pub trait ErasingDraws {
+    /// `torch.empty(1).uniform_(low, high)`: float32.
+    fn uniform(&mut self, low: f32, high: f32) -> f32;
+    /// `torch.randint(0, n)`.
+    fn below(&mut self, n: usize) -> usize;
+}
+
+impl<R: Rng> ErasingDraws for R {
+    fn uniform(&mut self, low: f32, high: f32) -> f32 {
+        low + (high - low) * self.random::<f32>()
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        self.random_range(0..n)
+    }
+}
+
 /// torchvision's `RandomErasing.get_params`: up to ten tries at a box of `scale` of the area
 /// and aspect `ratio` (drawn log-uniform), in float32 as torch draws them; the first that fits
 /// inside the image, placed uniformly, as (top, left, height, width). `None`: no box fitted,
@@ -703,22 +722,21 @@ pub fn erasing_box(
     (height, width): (usize, usize),
     scale: [f64; 2],
     ratio: [f64; 2],
-    rng: &mut impl Rng,
+    draws: &mut impl ErasingDraws,
 ) -> Option<(usize, usize, usize, usize)> {
     let area = (height * width) as f64;
     let log_ratio = [(ratio[0] as f32).ln(), (ratio[1] as f32).ln()];
-    let uniform32 = |rng: &mut _, low: f32, high: f32| low + (high - low) * Rng::random::<f32>(rng);
     for _ in 0..10 {
-        let erase_area = area * f64::from(uniform32(rng, scale[0] as f32, scale[1] as f32));
-        let aspect = f64::from(uniform32(rng, log_ratio[0], log_ratio[1]).exp());
+        let erase_area = area * f64::from(draws.uniform(scale[0] as f32, scale[1] as f32));
+        let aspect = f64::from(draws.uniform(log_ratio[0], log_ratio[1]).exp());
         // Python's round: half to even.
         let h = (erase_area * aspect).sqrt().round_ties_even() as usize;
         let w = (erase_area / aspect).sqrt().round_ties_even() as usize;
         if !(h < height && w < width) {
             continue;
         }
-        let top = rng.random_range(0..=height - h);
-        let left = rng.random_range(0..=width - w);
+        let top = draws.below(height - h + 1);
+        let left = draws.below(width - w + 1);
         return Some((top, left, h, w));
     }
     None

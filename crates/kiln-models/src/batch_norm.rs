@@ -108,8 +108,11 @@ impl<B: Backend> BatchNorm2d<B> {
     fn forward_eval(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let [n, c, h, w] = x.dims();
         let device = x.device();
-        let running_mean = self.running_mean.value().to_device(&device);
-        let running_var = self.running_var.value().to_device(&device);
+        // Detached: statistics loaded from a record come back as tracked leaves, and a tracked
+        // leaf kept across steps (frozen batch norm never replaces it) ties each step's graph
+        // to the one before, so that from the second step on, gradients picked up old terms.
+        let running_mean = self.running_mean.value().detach().to_device(&device);
+        let running_var = self.running_var.value().detach().to_device(&device);
 
         let scale = self.weight.val() / (running_var + self.eps).sqrt();
         let shift = self.bias.val() - running_mean * scale.clone();

@@ -1,5 +1,8 @@
-//! What a ResNet holds in memory, counted from its config without building it: the figures
-//! that memory planning (`kiln plan`) multiplies by bytes per element and images per batch.
+//! What a ResNet holds and computes, counted from its config without building it: the figures
+//! that memory planning (`kiln plan`) multiplies by bytes per element and images per batch, and
+//! the per-stage table of `kiln summary`.
+
+use serde::Serialize;
 
 use crate::ModelError;
 use crate::resnet::{BlockKind, ResNetConfig, Stem, architecture};
@@ -17,17 +20,52 @@ pub struct Footprint {
     pub activations_per_image: u64,
 }
 
+/// A network stage by stage: the stem, `layer1` to `layer4`, and the head (pooling and the
+/// classifier), as torchvision names them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    pub model: String,
+    /// Channels, height, width.
+    pub input: [usize; 3],
+    pub stages: Vec<Stage>,
+    pub parameters: u64,
+    pub buffers: u64,
+    /// Multiply-adds of one image's forward pass (convolutions and the classifier), the figure
+    /// torchvision publishes as its models' "GFLOPS".
+    pub mult_adds: u64,
+    pub activations_per_image: u64,
+}
+
+/// What one stage adds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Stage {
+    pub name: String,
+    /// Channels, height, width of the stage's output.
+    pub output: [usize; 3],
+    pub parameters: u64,
+    pub mult_adds: u64,
+    pub activations_per_image: u64,
+}
+
 impl ResNetConfig {
     /// Counts the network for `height` x `width` inputs, layer by layer as `init` and `forward`
     /// build and run it.
     pub fn footprint(&self, height: usize, width: usize) -> Result<Footprint, ModelError> {
+        let summary = self.summary(height, width)?;
+        Ok(Footprint {
+            parameters: summary.parameters,
+            buffers: summary.buffers,
+            activations_per_image: summary.activations_per_image,
+        })
+    }
+
+    /// The network for `height` x `width` inputs, stage by stage.
+    pub fn summary(&self, height: usize, width: usize) -> Result<Summary, ModelError> {
         let (kind, blocks) = architecture(self.depth)?;
         let mut walk = Walk {
             height,
             width,
-            parameters: 0,
-            buffers: 0,
-            activations: 0,
+            ..Walk::default()
         };
         let stem = self.width;
         match self.stem {
@@ -39,6 +77,7 @@ impl ResNetConfig {
         if self.stem == Stem::Imagenet {
             walk.max_pool(stem);
         }
+        walk.end_stage("stem", stem);
         let mut channels = stem;
         for (index, &count) in blocks.iter().enumerate() {
             let planes = stem << index;
@@ -46,25 +85,36 @@ impl ResNetConfig {
                 let stride = if index > 0 && block == 0 { 2 } else { 1 };
                 channels = walk.block(kind, channels, planes, stride);
             }
+            walk.end_stage(&format!("layer{}", index + 1), channels);
         }
         // Global average pool and the classifier.
         walk.parameters += (channels * self.num_classes + self.num_classes) as u64;
+        walk.mult_adds += (channels * self.num_classes) as u64;
         walk.activations += (channels + self.num_classes) as u64;
-        Ok(Footprint {
+        (walk.height, walk.width) = (1, 1);
+        walk.end_stage("head", self.num_classes);
+        Ok(Summary {
+            model: self.name(),
+            input: [3, height, width],
+            stages: walk.stages,
             parameters: walk.parameters,
             buffers: walk.buffers,
+            mult_adds: walk.mult_adds,
             activations_per_image: walk.activations,
         })
     }
 }
 
-/// The running totals and the current feature-map size.
+/// The running totals, the current feature-map size and the stages counted so far.
+#[derive(Default)]
 struct Walk {
     height: usize,
     width: usize,
     parameters: u64,
     buffers: u64,
+    mult_adds: u64,
     activations: u64,
+    stages: Vec<Stage>,
 }
 
 impl Walk {
@@ -76,7 +126,9 @@ impl Walk {
         let shrink = |side: usize| (side + 2 * padding - kernel) / stride + 1;
         self.height = shrink(self.height);
         self.width = shrink(self.width);
-        self.parameters += (input * output * kernel * kernel) as u64;
+        let weights = (input * output * kernel * kernel) as u64;
+        self.parameters += weights;
+        self.mult_adds += weights * (self.height * self.width) as u64;
         self.activations += self.map(output);
     }
 
@@ -95,6 +147,19 @@ impl Walk {
         self.height = (self.height - 1) / 2 + 1;
         self.width = (self.width - 1) / 2 + 1;
         self.activations += self.map(channels);
+    }
+
+    /// Closes a stage with `channels` outputs: what it added since the stage before.
+    fn end_stage(&mut self, name: &str, channels: usize) {
+        let before = |f: fn(&Stage) -> u64| self.stages.iter().map(f).sum::<u64>();
+        let stage = Stage {
+            name: name.to_string(),
+            output: [channels, self.height, self.width],
+            parameters: self.parameters - before(|s| s.parameters),
+            mult_adds: self.mult_adds - before(|s| s.mult_adds),
+            activations_per_image: self.activations - before(|s| s.activations_per_image),
+        };
+        self.stages.push(stage);
     }
 
     /// One residual block; returns its output channels.
@@ -170,6 +235,43 @@ mod tests {
         };
         assert_eq!(count(18), 11_689_512);
         assert_eq!(count(50), 25_557_032);
+    }
+
+    /// torchvision's parameter counts and its published "GFLOPS" (multiply-adds at 224, to two
+    /// decimals) for the five depths; the stages add up to the totals.
+    #[test]
+    fn summaries_have_torchvisions_parameters_and_multiply_adds() {
+        for (depth, parameters, giga_mult_adds) in [
+            (18, 11_689_512, 1.81),
+            (34, 21_797_672, 3.66),
+            (50, 25_557_032, 4.09),
+            (101, 44_549_160, 7.80),
+            (152, 60_192_808, 11.51),
+        ] {
+            let summary = ResNetConfig::new(depth).summary(224, 224).unwrap();
+            assert_eq!(summary.parameters, parameters, "resnet{depth}");
+            let giga = summary.mult_adds as f64 / 1e9;
+            assert!(
+                (giga - giga_mult_adds).abs() < 0.005,
+                "resnet{depth}: {giga}"
+            );
+            let names: Vec<&str> = summary.stages.iter().map(|s| s.name.as_str()).collect();
+            assert_eq!(
+                names,
+                ["stem", "layer1", "layer2", "layer3", "layer4", "head"]
+            );
+            let sum = |f: fn(&Stage) -> u64| summary.stages.iter().map(f).sum::<u64>();
+            assert_eq!(sum(|s| s.parameters), summary.parameters);
+            assert_eq!(sum(|s| s.mult_adds), summary.mult_adds);
+            assert_eq!(
+                sum(|s| s.activations_per_image),
+                summary.activations_per_image
+            );
+            let expansion = if depth >= 50 { 4 } else { 1 };
+            assert_eq!(summary.stages[0].output, [64, 56, 56]);
+            assert_eq!(summary.stages[4].output, [512 * expansion, 7, 7]);
+            assert_eq!(summary.stages[5].output, [1000, 1, 1]);
+        }
     }
 
     #[test]

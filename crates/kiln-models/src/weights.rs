@@ -203,6 +203,50 @@ pub fn write_safetensors(
         })
 }
 
+/// How far a compressed entry of a `.pth` may expand. `torch.save` stores its entries
+/// uncompressed; a recompressed weight file shrinks by a few percent, a zip bomb a thousandfold.
+const MAX_EXPANSION: u64 = 100;
+
+/// Refuses a `.pth` (a zip archive, as `torch.save` writes) with an entry that would expand
+/// beyond [`MAX_EXPANSION`] times its compressed size or beyond the size it declares, before
+/// burn-store reads its entries whole into memory. Each compressed entry is decompressed once
+/// into nothing to count its bytes. A file that is no zip archive (an old `.pth`) is left to
+/// burn-store.
+fn check_expansion(path: &Path) -> Result<(), String> {
+    let Ok(file) = std::fs::File::open(path) else {
+        return Ok(());
+    };
+    let Ok(mut archive) = zip::ZipArchive::new(std::io::BufReader::new(file)) else {
+        return Ok(());
+    };
+    for index in 0..archive.len() {
+        let entry = archive.by_index(index).map_err(|e| e.to_string())?;
+        if entry.compression() == zip::CompressionMethod::Stored {
+            continue;
+        }
+        let (name, declared) = (entry.name().to_string(), entry.size());
+        let limit = entry
+            .compressed_size()
+            .saturating_mul(MAX_EXPANSION)
+            .max(1 << 20);
+        if declared > limit {
+            return Err(format!(
+                "its entry {name} would expand from {} to {declared} bytes (a zip bomb?); torch.save writes entries uncompressed",
+                entry.compressed_size()
+            ));
+        }
+        let mut bounded = std::io::Read::take(entry, declared + 1);
+        let written = std::io::copy(&mut bounded, &mut std::io::sink())
+            .map_err(|e| format!("its entry {name} cannot be decompressed: {e}"))?;
+        if written > declared {
+            return Err(format!(
+                "its entry {name} expands beyond the {declared} bytes it declares (a zip bomb?)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reads every tensor of a weight file, keyed by torchvision name, with any checkpoint or
 /// `DataParallel` prefix removed.
 fn read_state_dict(path: &Path) -> Result<BTreeMap<String, TensorData>, WeightsError> {
@@ -217,6 +261,7 @@ fn read_state_dict(path: &Path) -> Result<BTreeMap<String, TensorData>, WeightsE
     let snapshots = if is_safetensors {
         all_snapshots(SafetensorsStore::from_file(path)).map_err(read_err)?
     } else {
+        check_expansion(path).map_err(read_err)?;
         all_snapshots(PytorchStore::from_file(path)).map_err(read_err)?
     };
     let prefix = STATE_DICT_PREFIXES
@@ -539,6 +584,49 @@ mod tests {
             let err = load(tiny(18, 10, 4), &path).unwrap_err();
             assert!(err.to_string().contains(&*path.to_string_lossy()), "{err}");
         }
+    }
+
+    /// `path`'s entries written again into a new zip, every one compressed, plus `extra`.
+    fn recompressed(path: &Path, into: &Path, extra: Option<(&str, &[u8])>) {
+        use std::io::{Read, Write};
+        let mut from = zip::ZipArchive::new(std::fs::File::open(path).unwrap()).unwrap();
+        let mut to = zip::ZipWriter::new(std::fs::File::create(into).unwrap());
+        let deflated = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated)
+            .compression_level(Some(1));
+        for index in 0..from.len() {
+            let mut entry = from.by_index(index).unwrap();
+            let mut bytes = Vec::new();
+            entry.read_to_end(&mut bytes).unwrap();
+            to.start_file(entry.name(), deflated).unwrap();
+            to.write_all(&bytes).unwrap();
+        }
+        if let Some((name, bytes)) = extra {
+            to.start_file(name, deflated).unwrap();
+            to.write_all(bytes).unwrap();
+        }
+        to.finish().unwrap();
+    }
+
+    /// A `.pth` whose entry would expand a thousandfold (a zip bomb) is refused before
+    /// anything reads it into memory; a recompressed weight file still loads.
+    #[test]
+    fn a_zip_bomb_pth_is_refused_and_a_recompressed_one_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = fixture("resnet18_w4.pth");
+        let plain = dir.path().join("recompressed.pth");
+        recompressed(&fixture, &plain, None);
+        let (model, _) = load(tiny(18, 10, 4), &plain).unwrap();
+        let (expected, _) = load(tiny(18, 10, 4), &fixture).unwrap();
+        assert_same_state(&torch_state_dict(&model), &torch_state_dict(&expected));
+
+        let bomb = dir.path().join("bomb.pth");
+        let zeros = vec![0u8; 64 << 20];
+        let name = "resnet18_w4/data/999";
+        recompressed(&fixture, &bomb, Some((name, &zeros)));
+        let err = load(tiny(18, 10, 4), &bomb).unwrap_err().to_string();
+        assert!(err.contains("zip bomb") && err.contains(name), "{err}");
+        assert!(err.contains(&*bomb.to_string_lossy()), "{err}");
     }
 
     /// A weights file with NaN or infinity in it would load and predict garbage: it is refused,

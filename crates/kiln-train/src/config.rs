@@ -279,6 +279,9 @@ pub struct DataSection {
     /// Images with a longer side are refused before decoding.
     #[serde(default = "default_max_image_side")]
     pub max_image_side: u32,
+    /// Images with more pixels are refused before decoding (PIL's decompression-bomb limit).
+    #[serde(default = "default_max_image_pixels")]
+    pub max_image_pixels: u64,
     /// Image files larger than this are refused before they are read.
     #[serde(default = "default_max_file_bytes")]
     pub max_file_bytes: u64,
@@ -302,6 +305,7 @@ impl DataSection {
             drop_last: false,
             on_bad_image: OnBadImage::default(),
             max_image_side: default_max_image_side(),
+            max_image_pixels: default_max_image_pixels(),
             max_file_bytes: default_max_file_bytes(),
             allow_truncated_images: false,
             max_resize_pixels: default_max_resize_pixels(),
@@ -312,6 +316,7 @@ impl DataSection {
     pub fn image_limits(&self) -> ImageLimits {
         ImageLimits {
             max_side: self.max_image_side,
+            max_pixels: self.max_image_pixels,
             max_file_bytes: self.max_file_bytes,
             allow_truncated: self.allow_truncated_images,
             ..ImageLimits::default()
@@ -333,6 +338,10 @@ fn default_workers() -> usize {
 
 fn default_prefetch() -> usize {
     4
+}
+
+fn default_max_image_pixels() -> u64 {
+    ImageLimits::default().max_pixels
 }
 
 fn default_max_image_side() -> u32 {
@@ -1112,6 +1121,9 @@ impl TrainConfig {
         }
         if self.data.max_image_side == 0 {
             return invalid("data.max_image_side", "must be at least 1".into());
+        }
+        if self.data.max_image_pixels == 0 {
+            return invalid("data.max_image_pixels", "must be at least 1".into());
         }
         if let Err(e) = kiln_data::Pipeline::new(&self.data.train_transforms) {
             return invalid("data.train_transforms", e.to_string());

@@ -11,7 +11,7 @@ use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{IndexingUpdateOp, Int, Tensor};
 use kiln_backend::MemoryMeter;
 use kiln_data::{
     Batches, DataError, Dataset, HostBatch, Loader, LoaderConfig, Pipeline, Shard, max_workers,
@@ -22,15 +22,17 @@ use kiln_models::{Precision, ResNet, ResNetConfig, Stem};
 use crate::batch::Uploaded;
 use crate::checkpoint::{self, EpochSums, Position};
 use crate::config::{BatchSize, ClassWeights, TrainConfig, Tta};
+use crate::confusion::Confusion;
 use crate::early_stopping::{self, EarlyStop};
 use crate::ema::Ema;
 use crate::error::{TrainError, io_error};
 use crate::optim::AnyOptimizer;
 use crate::panics::{self, OutOfMemory};
-use crate::parallel::{Placement, Replicas};
+use crate::parallel::{Asks, Placement, Replicas};
 use crate::param_groups::ParamGroups;
 use crate::plan::{self, Budget, Plan};
-use crate::run_dir::{EpochSummary, RunDir};
+use crate::report::{ReportInputs, report_html};
+use crate::run_dir::{EpochSummary, RunDir, write_atomically};
 use crate::schedule::Schedule;
 use crate::step::{StepStats, build_model, count_correct, loss_function};
 use crate::tensorboard::EventWriter;
@@ -254,6 +256,7 @@ fn train_planned<B: AutodiffBackend>(
         resumed_from: resumed_from.as_deref(),
     });
 
+    let device_text = describe_devices::<B>(&placement);
     let mut first_step = true;
     let mut last_saved = Instant::now();
     let mut lr = schedule.lr(position.iteration);
@@ -285,7 +288,12 @@ fn train_planned<B: AutodiffBackend>(
             position.batch += step_batches.batches;
             position.sums.skipped += step_batches.skipped;
             lr = schedule.lr(position.iteration);
-            replicas.step(lr)?;
+            let asks = Asks {
+                stop: stop.load(Ordering::SeqCst),
+                checkpoint: minutes_due(config, last_saved),
+            };
+            // On several machines, what any of them asks (a Ctrl-C, its clock) holds for all.
+            let agreed = replicas.step(lr, asks)?;
             loaded = load_next(&mut host, config.accumulate, &mut replicas, observer)?;
             if step_batches.images == 0 && placement.cluster.is_none() {
                 // Every image of the step was skipped: nothing trained, no iteration.
@@ -304,9 +312,10 @@ fn train_planned<B: AutodiffBackend>(
                     Ok(())
                 })?;
             }
-            let stopping = stop.load(Ordering::SeqCst);
-            let mid_epoch_checkpoint =
-                loaded.is_some() && !stopping && checkpoint_due(config, &position, last_saved);
+            let stopping = agreed.stop;
+            let mid_epoch_checkpoint = loaded.is_some()
+                && !stopping
+                && (agreed.checkpoint || steps_due(config, &position));
             // The device is read at the first iteration, every print_every, at a stop, at a
             // checkpoint and at the end of the epoch; in between, steps queue up unread.
             let read = position.iteration == 1
@@ -349,6 +358,8 @@ fn train_planned<B: AutodiffBackend>(
                 let path = save_checkpoint(&mut replicas, run, name, &saved)?;
                 last_saved = Instant::now();
                 if stopping {
+                    // Every machine has written its checkpoint before any ends.
+                    replicas.finish()?;
                     observer.event(Event::Stopped(&path));
                     return Ok(Outcome::Stopped { checkpoint: path });
                 }
@@ -386,12 +397,35 @@ fn train_planned<B: AutodiffBackend>(
             (summary.ema_val_loss, summary.ema_val_top1) = (Some(v.loss), Some(v.top1));
             summary.ema_val_top5 = Some(v.top5);
         }
+        // Per class, the weights the run exports: the average's where `ema.export` says so.
+        let exported = match exports_ema(config) {
+            true => ema_validation.as_ref(),
+            false => validation.as_ref(),
+        };
+        if let Some(v) = exported {
+            let best = (history.iter())
+                .filter_map(|s| exported_top1(config, s))
+                .all(|top1| v.top1 > top1);
+            run.write_per_class(&v.confusion, &v.class_names, epoch + 1, best)
+                .map_err(io_error(&run.path))?;
+        }
         history.push(summary.clone());
         position.epoch = epoch + 1;
         position.batch = 0;
         position.loss_scale = replicas.loss_scaler()?;
         run.write_history(&history, &lr_trace(&schedule, position.iteration))
             .map_err(io_error(&run.path))?;
+        let inputs = ReportInputs {
+            run: &run.path,
+            history: &history,
+            device: &device_text,
+            per_class: exported.map(|v| (&v.confusion, v.class_names.as_slice())),
+        };
+        write_atomically(
+            &run.path.join("report.html"),
+            report_html(config, &inputs).as_bytes(),
+        )
+        .map_err(io_error(&run.path))?;
         if let Some(board) = &mut board {
             write_epoch(board, &summary).map_err(io_error(&run.path))?;
         }
@@ -403,10 +437,7 @@ fn train_planned<B: AutodiffBackend>(
                 run,
                 &mut replicas,
                 &mut position,
-                match exports_ema(config) {
-                    true => summary.ema_val_top1,
-                    false => summary.val_top1,
-                },
+                exported_top1(config, &summary),
                 observer,
             )?;
             last_saved = Instant::now();
@@ -739,7 +770,7 @@ fn shard<D>(placement: &Placement<D>) -> Shard {
     }
 }
 
-/// Validation loss, top-1 and top-5 accuracy.
+/// Validation loss, top-1 and top-5 accuracy, and the confusion matrix.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Evaluation {
     pub loss: f64,
@@ -747,10 +778,19 @@ pub struct Evaluation {
     pub top5: f64,
     pub images: usize,
     pub skipped: usize,
+    pub confusion: Confusion,
+    /// The name of each of the model's classes (`class <i>` beyond the data set's).
+    pub class_names: Vec<String>,
 }
 
-/// Evaluation's loss sum, top-1 and top-5 counts, on the device.
-type EvaluationSums<B> = (Tensor<B, 1>, Tensor<B, 1, Int>, Tensor<B, 1, Int>);
+/// Evaluation's loss sum, top-1 and top-5 counts and confusion counts, on the device.
+struct EvaluationSums<B: Backend> {
+    loss: Tensor<B, 1>,
+    top1: Tensor<B, 1, Int>,
+    top5: Tensor<B, 1, Int>,
+    /// Row-major `classes` x `classes`: true class, predicted class.
+    confusion: Tensor<B, 1, Int>,
+}
 
 /// Runs `model` over every batch of `loader` (epoch 0: the order, and any augmentation, of a
 /// validation loader is fixed). With `Tta::Hflip`, each image's class probabilities are the
@@ -764,7 +804,7 @@ pub fn evaluate<B: Backend>(
     let loss_fn = CrossEntropyLossConfig::new().init(device);
     // Sums stay on the device until the end: one read for the whole pass.
     let mut sums: Option<EvaluationSums<B>> = None;
-    let (mut images, mut skipped) = (0, 0);
+    let (mut images, mut skipped, mut classes) = (0, 0, 0);
     for batch in Uploaded::<B, _>::new(loader.epoch(0), device.clone()) {
         let batch = batch?;
         skipped += batch.skipped.len();
@@ -788,35 +828,68 @@ pub fn evaluate<B: Backend>(
                 (probs, at_label.log().sum().neg())
             }
         };
-        let k = 5.min(logits.dims()[1]);
+        classes = logits.dims()[1];
+        let k = 5.min(classes);
         let (_, best) = logits.clone().topk_with_indices(k, 1);
         let hits = best.equal(batch.labels.clone().unsqueeze_dim::<2>(1).repeat_dim(1, k));
         let top5 = hits.int().sum();
+        // Each image adds one at (label, prediction) of the flattened matrix.
+        let cells = batch.labels.clone() * classes as i64 + logits.clone().argmax(1).reshape([n]);
+        let ones = Tensor::<B, 1, Int>::ones([n], device);
+        let confusion = sums.as_ref().map_or_else(
+            || Tensor::zeros([classes * classes], device),
+            |s| s.confusion.clone(),
+        );
+        let confusion = confusion.scatter(0, cells, ones, IndexingUpdateOp::Add);
         let top1 = count_correct(logits, batch.labels);
         sums = Some(match sums {
-            None => (loss, top1, top5),
-            Some((l, t1, t5)) => (l + loss, t1 + top1, t5 + top5),
+            None => EvaluationSums {
+                loss,
+                top1,
+                top5,
+                confusion,
+            },
+            Some(s) => EvaluationSums {
+                loss: s.loss + loss,
+                top1: s.top1 + top1,
+                top5: s.top5 + top5,
+                confusion,
+            },
         });
         images += n;
     }
-    let (loss, top1, top5) = match sums {
-        Some((loss, top1, top5)) => {
-            let counts = Tensor::cat(vec![top1, top5], 0)
+    let (loss, top1, top5, confusion) = match sums {
+        Some(sums) => {
+            let counts = Tensor::cat(vec![sums.top1, sums.top5, sums.confusion], 0)
                 .into_data()
                 .convert::<i64>();
-            let counts: Vec<i64> = counts.to_vec().expect("two counts");
-            let loss: Vec<f64> = loss.into_data().convert::<f64>().to_vec().expect("a sum");
-            (loss[0], counts[0] as usize, counts[1] as usize)
+            let counts: Vec<u64> = (counts.to_vec::<i64>().expect("counts").into_iter())
+                .map(|c| c as u64)
+                .collect();
+            let loss: Vec<f64> = (sums.loss.into_data().convert::<f64>().to_vec()).expect("a sum");
+            let confusion = Confusion::from_counts(classes, counts[2..].to_vec());
+            (loss[0], counts[0] as usize, counts[1] as usize, confusion)
         }
-        None => (0.0, 0, 0),
+        None => (0.0, 0, 0, Confusion::from_counts(0, Vec::new())),
     };
     let share = |count: usize| count as f64 / images.max(1) as f64;
+    let names = loader.dataset().classes();
+    let class_names = (0..confusion.classes())
+        .map(|i| {
+            names
+                .get(i)
+                .cloned()
+                .unwrap_or_else(|| format!("class {i}"))
+        })
+        .collect();
     Ok(Evaluation {
         loss: loss / images.max(1) as f64,
         top1: share(top1),
         top5: share(top5),
         images,
         skipped,
+        confusion,
+        class_names,
     })
 }
 
@@ -903,6 +976,7 @@ fn epoch_summary(
         grad_norm_mean: (sums.grad_norm_steps > 0)
             .then(|| sums.grad_norm_sum / sums.grad_norm_steps as f64),
         grad_norm_max: (sums.grad_norm_steps > 0).then_some(sums.grad_norm_max),
+        val_macro_f1: validation.map(|v| v.confusion.macro_f1()),
     }
 }
 
@@ -913,6 +987,28 @@ fn lr_trace(schedule: &Schedule, iterations: usize) -> Vec<(usize, f64)> {
         .step_by(step)
         .map(|i| (i, schedule.lr(i)))
         .collect()
+}
+
+/// The backend and devices of a run, as its report shows them.
+fn describe_devices<B: AutodiffBackend>(placement: &Placement<B::Device>) -> String {
+    let devices: Vec<String> = placement.devices.iter().map(|d| format!("{d:?}")).collect();
+    let machines = match &placement.cluster {
+        Some(cluster) => format!(" on each of {} machines", cluster.nodes),
+        None => String::new(),
+    };
+    format!(
+        "{} ({}){machines}",
+        B::name(&placement.devices[0]),
+        devices.join(", ")
+    )
+}
+
+/// The top-1 an epoch is judged by: the exported weights' (see `exports_ema`).
+fn exported_top1(config: &TrainConfig, summary: &EpochSummary) -> Option<f64> {
+    match exports_ema(config) {
+        true => summary.ema_val_top1,
+        false => summary.val_top1,
+    }
 }
 
 fn save_epoch_checkpoint<B: AutodiffBackend>(
@@ -982,16 +1078,15 @@ fn write_epoch(board: &mut EventWriter, summary: &EpochSummary) -> std::io::Resu
     board.flush()
 }
 
-/// Whether `[checkpoints] every_steps` or `every_minutes` asks for a checkpoint after this step.
-fn checkpoint_due(config: &TrainConfig, position: &Position, last_saved: Instant) -> bool {
-    let section = &config.checkpoints;
-    let steps = section
-        .every_steps
-        .is_some_and(|every| position.iteration.is_multiple_of(every));
-    let minutes = section
-        .every_minutes
-        .is_some_and(|every| last_saved.elapsed().as_secs_f64() >= every * 60.0);
-    steps || minutes
+/// Whether `checkpoints.every_steps` asks for a checkpoint after this step.
+fn steps_due(config: &TrainConfig, position: &Position) -> bool {
+    (config.checkpoints.every_steps).is_some_and(|every| position.iteration.is_multiple_of(every))
+}
+
+/// Whether `checkpoints.every_minutes` have passed since the last checkpoint.
+fn minutes_due(config: &TrainConfig, last_saved: Instant) -> bool {
+    (config.checkpoints.every_minutes)
+        .is_some_and(|every| last_saved.elapsed().as_secs_f64() >= every * 60.0)
 }
 
 /// Writes replica 0's model and optimizer state with `position` (on replica 0's thread, where

@@ -94,6 +94,10 @@ pub enum ParallelError {
     )]
     CoordinatorPort(u16, String),
     #[error(
+        "another machine of the run stopped answering ({0}), so this one stops too. Once every machine can run again, resume each with --resume <its run directory> and the same --nodes and --coordinator"
+    )]
+    MachineLost(String),
+    #[error(
         "replica {replica} (device {replica} of this machine) failed: {message}; the other replicas were stopped"
     )]
     ReplicaFailed { replica: usize, message: String },
@@ -105,7 +109,15 @@ pub enum ParallelError {
 
 impl From<CollectiveError> for ParallelError {
     fn from(error: CollectiveError) -> Self {
-        ParallelError::Collective(format!("{error:?}"))
+        let lost = match &error {
+            CollectiveError::Global(global) => format!("{global:?}").starts_with("PeerLost"),
+            _ => false,
+        };
+        match crate::panics::network_failure() {
+            Some(cause) => ParallelError::MachineLost(cause),
+            None if lost => ParallelError::MachineLost(format!("{error:?}")),
+            None => ParallelError::Collective(format!("{error:?}")),
+        }
     }
 }
 

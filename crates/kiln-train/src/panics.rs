@@ -6,7 +6,7 @@
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// How many [`catch_out_of_memory`]s are running, on any thread: while there is one, a panic
 /// hook can leave out-of-memory panics to it (see [`will_be_caught`]).
@@ -19,6 +19,13 @@ static QUIET: AtomicUsize = AtomicUsize::new(0);
 /// [`catch_out_of_memory`] was running.
 static RUNTIME_OUT_OF_MEMORY: Mutex<Option<String>> = Mutex::new(None);
 
+/// Set once this process is one machine of a multi-machine run.
+static IN_CLUSTER: AtomicBool = AtomicBool::new(false);
+
+/// The first panic on the multi-machine network's threads: how burn-collective shows a
+/// machine that left the run (its connection reset, `PeerLost`).
+static NETWORK_FAILURE: Mutex<Option<String>> = Mutex::new(None);
+
 /// The prefix of the threads kiln runs model replicas on.
 pub const REPLICA_THREAD: &str = "kiln-replica-";
 
@@ -30,6 +37,32 @@ pub fn is_handled_thread(name: &str) -> bool {
 /// Whether this is one of cubecl's device threads, which swallow panics.
 pub fn is_runtime_thread(name: &str) -> bool {
     name.starts_with("DSU-") || name.starts_with("DSD-")
+}
+
+/// Marks this process as one machine of a multi-machine run (see [`is_network_thread`]).
+pub fn joined_cluster() {
+    IN_CLUSTER.store(true, Ordering::SeqCst);
+}
+
+/// Whether a panic on thread `name` is the multi-machine network's: burn-collective's tokio
+/// threads panic when a peer's connection breaks, and kiln reports that as the all-reduce's
+/// error instead (see [`network_failure`]).
+pub fn is_network_thread(name: &str) -> bool {
+    IN_CLUSTER.load(Ordering::SeqCst) && name.starts_with("tokio-")
+}
+
+/// Remembers the first panic's first line on the network's threads.
+pub fn record_network_panic(first_line: &str) {
+    let mut failure = NETWORK_FAILURE.lock().unwrap_or_else(|e| e.into_inner());
+    failure.get_or_insert_with(|| first_line.to_string());
+}
+
+/// Why the network of a multi-machine run failed, if it did.
+pub fn network_failure() -> Option<String> {
+    NETWORK_FAILURE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
 }
 
 /// Remembers a caught panic's first line if it is an out-of-memory one (see the module doc).

@@ -207,6 +207,9 @@ impl<B: AutodiffBackend> Replicas<B> {
             frozen: false,
         };
         if collective {
+            if replicas.machines {
+                crate::panics::joined_cluster();
+            }
             replicas.join(placement)?;
         }
         Ok(replicas)
@@ -393,10 +396,13 @@ impl<B: AutodiffBackend> Replicas<B> {
     }
 
     /// One optimizer step on the loaded batches, on every replica at once. Returns as soon as
-    /// the work is queued on the devices (nothing is read back; see [`Replicas::take_stats`]).
-    pub fn step(&mut self, lr: f64) -> Result<(), TrainError> {
+    /// the work is queued on the devices (nothing is read back; see [`Replicas::take_stats`]),
+    /// with what this machine `asks` of the run after the step, agreed by all machines: on
+    /// several, the step's count of images carries it, so that all stop or checkpoint at the
+    /// same step whichever machine asked.
+    pub fn step(&mut self, lr: f64, asks: Asks) -> Result<Asks, TrainError> {
         let machines = self.machines;
-        self.on_each(|i| {
+        let mut agreed = self.on_each(|i| {
             move |seat: &mut Seat<B>| {
                 if let Some(message) = seat.fail.take() {
                     return Err(failed(i, &message));
@@ -406,13 +412,15 @@ impl<B: AutodiffBackend> Replicas<B> {
                     .take()
                     .expect("a step's batches are loaded first");
                 plan.peer = seat.peer;
+                let mut agreed = asks;
                 if machines {
-                    plan = over_machines(plan, &batches, seat)?;
+                    (plan, agreed) = over_machines(plan, &batches, seat, asks)?;
                 }
-                seat.replica.step(batches, &plan, lr).map_err(Into::into)
+                seat.replica.step(batches, &plan, lr)?;
+                Ok(agreed)
             }
         })?;
-        Ok(())
+        Ok(agreed.swap_remove(0))
     }
 
     /// Makes replica `index` fail its next step with `message` instead of stepping, while the
@@ -527,12 +535,14 @@ impl<B: AutodiffBackend> Replicas<B> {
                 let _ = catch_unwind(collective::reset_collective::<B::InnerBackend>);
             }
         };
+        // A replica that failed because another machine left the run says so.
+        let lost = || crate::panics::network_failure().map(ParallelError::MachineLost);
         while let Some(waiting) = results.iter().position(Option::is_none) {
             match replies.recv_timeout(PATIENCE) {
                 Ok((i, Ok(Ok(value)))) => results[i] = Some(value),
                 Ok((_, Ok(Err(error)))) => {
                     stop_the_others();
-                    return Err(error);
+                    return Err(lost().map_or(error, Into::into));
                 }
                 Ok((i, Err(panic))) => {
                     stop_the_others();
@@ -540,7 +550,8 @@ impl<B: AutodiffBackend> Replicas<B> {
                     if crate::panics::is_out_of_memory(&message) {
                         resume_unwind(panic);
                     }
-                    return Err(failed(i, message.lines().next().unwrap_or("a panic")));
+                    let error = failed(i, message.lines().next().unwrap_or("a panic"));
+                    return Err(lost().map_or(error, Into::into));
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => log::warn!(
                     "replica {waiting} has not answered for {} s (compiling GPU kernels, or waiting for another replica or machine in an all-reduce)",
@@ -580,19 +591,37 @@ fn spawn_seat<B: AutodiffBackend>(
     Ok(sender)
 }
 
-/// A replica's step plan with the counts summed over every peer of a multi-machine run: each
-/// machine loads only its shard of a batch, so only together do they know the step's images.
+/// What a machine asks of the whole run at a step (see [`Replicas::step`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Asks {
+    /// Stop after this step with a checkpoint (Ctrl-C).
+    pub stop: bool,
+    /// Write a checkpoint after this step (`checkpoints.every_minutes`, which each machine's
+    /// own clock decides).
+    pub checkpoint: bool,
+}
+
+/// A replica's step plan with the counts summed over every peer of a multi-machine run (each
+/// machine loads only its shard of a batch, so only together do they know the step's images),
+/// and what any machine asks of the run.
 fn over_machines<B: AutodiffBackend>(
     plan: StepPlan,
     batches: &[DeviceBatch<B>],
     seat: &Seat<B>,
-) -> Result<StepPlan, TrainError> {
+    asks: Asks,
+) -> Result<(StepPlan, Asks), TrainError> {
     let peer = seat
         .peer
         .expect("a multi-machine run gives every replica a peer");
+    let flag = |on: bool| f64::from(u8::from(on));
     // Per batch: whether this replica has none of its images (batch norm syncs only over
     // batches every replica runs), and how many images it has.
-    let mut counts = vec![plan.images as f64, plan.weight];
+    let mut counts = vec![
+        plan.images as f64,
+        plan.weight,
+        flag(asks.stop),
+        flag(asks.checkpoint),
+    ];
     if !plan.sync_bn.is_empty() {
         counts.extend(batches.iter().flat_map(|b| {
             let images = b.len();
@@ -602,18 +631,23 @@ fn over_machines<B: AutodiffBackend>(
     let counts = sum_values::<B::InnerBackend>(&counts, peer, &seat.replica.device)?;
     let sync_bn = match plan.sync_bn.is_empty() {
         true => Vec::new(),
-        false => counts[2..]
+        false => counts[4..]
             .chunks(2)
             .map(|c| (c[0] == 0.0).then_some(c[1] as usize))
             .collect(),
     };
-    Ok(StepPlan {
+    let agreed = Asks {
+        stop: counts[2] > 0.0,
+        checkpoint: counts[3] > 0.0,
+    };
+    let plan = StepPlan {
         images: counts[0] as usize,
         weight: counts[1],
         peer: Some(peer),
         sync_bn,
         ..plan
-    })
+    };
+    Ok((plan, agreed))
 }
 
 /// A copy of `model` on `device` with state of its own: `clone` and `fork` alone would leave

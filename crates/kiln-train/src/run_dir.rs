@@ -8,6 +8,7 @@ use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
+use crate::confusion::{Confusion, heat_map};
 
 /// What an epoch came to. `val_*` are absent without a validation set.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -41,6 +42,9 @@ pub struct EpochSummary {
     pub grad_norm_mean: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grad_norm_max: Option<f64>,
+    /// The mean of the per-class F1 scores on the validation set (see `confusion`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_macro_f1: Option<f64>,
 }
 
 pub struct RunDir {
@@ -127,12 +131,12 @@ impl RunDir {
         }
         write_atomically(&self.path.join("metrics.jsonl"), &jsonl)?;
         let mut csv = String::from(
-            "epoch,iteration,lr,train_loss,train_accuracy,val_loss,val_top1,val_top5,seconds,images_per_s,skipped_images,peak_memory_bytes,grad_norm_mean,grad_norm_max,ema_val_loss,ema_val_top1,ema_val_top5\n",
+            "epoch,iteration,lr,train_loss,train_accuracy,val_loss,val_top1,val_top5,seconds,images_per_s,skipped_images,peak_memory_bytes,grad_norm_mean,grad_norm_max,ema_val_loss,ema_val_top1,ema_val_top5,val_macro_f1\n",
         );
         let opt = |v: Option<f64>| v.map(|v| v.to_string()).unwrap_or_default();
         for s in history {
             csv += &format!(
-                "{},{},{},{},{},{},{},{},{:.3},{:.1},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{:.3},{:.1},{},{},{},{},{},{},{},{}\n",
                 s.epoch,
                 s.iteration,
                 s.lr,
@@ -152,6 +156,7 @@ impl RunDir {
                 opt(s.ema_val_loss),
                 opt(s.ema_val_top1),
                 opt(s.ema_val_top5),
+                opt(s.val_macro_f1),
             );
         }
         write_atomically(&self.path.join("metrics.csv"), csv.as_bytes())?;
@@ -196,6 +201,33 @@ impl RunDir {
             "iteration",
             &[("lr", lr)],
         );
+    }
+
+    /// The per-class results of the epoch just validated: `confusion.csv`, `per_class.csv` and
+    /// `confusion.svg`, and where it is the best epoch so far, the same in `best/`.
+    pub fn write_per_class(
+        &self,
+        confusion: &Confusion,
+        names: &[String],
+        epoch: usize,
+        best: bool,
+    ) -> std::io::Result<()> {
+        let mut places = vec![self.path.clone()];
+        if best {
+            places.push(self.path.join("best"));
+        }
+        for dir in places {
+            std::fs::create_dir_all(&dir)?;
+            write_atomically(&dir.join("confusion.csv"), confusion.csv(names).as_bytes())?;
+            write_atomically(
+                &dir.join("per_class.csv"),
+                confusion.per_class_csv(names).as_bytes(),
+            )?;
+            // A convenience like the other plots: the CSV files are the record.
+            let title = format!("validation, epoch {epoch}");
+            let _ = heat_map(&dir.join("confusion.svg"), confusion, names, &title);
+        }
+        Ok(())
     }
 
     /// A few lines for people: where things are and how the run ended.
@@ -243,13 +275,13 @@ pub fn summary_text(
         text += &format!("{ending}\n");
     }
     text += &format!(
-        "model: {} (torchvision names)\nmetrics: metrics.jsonl, metrics.csv; plots: loss.svg, accuracy.svg, lr.svg\ncheckpoints: checkpoints/\n",
+        "model: {} (torchvision names)\nmetrics: metrics.jsonl, metrics.csv; plots: loss.svg, accuracy.svg, lr.svg\nper class (last epoch; best epoch in best/): confusion.csv, per_class.csv, confusion.svg\ncheckpoints: checkpoints/\n",
         model.display()
     );
     text
 }
 
-fn line_plot(
+pub(crate) fn line_plot(
     path: &Path,
     title: &str,
     x_label: &str,

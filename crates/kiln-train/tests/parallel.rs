@@ -246,13 +246,13 @@ fn a_replica_that_fails_ends_the_step_with_its_error_while_the_other_waits_for_i
     // One healthy step, then replica 1 fails while replica 0 goes into the gradients'
     // all-reduce, where it would wait for replica 1 for ever.
     replicas.load(vec![batch()]).unwrap();
-    replicas.step(0.1).unwrap();
+    replicas.step(0.1, Default::default()).unwrap();
     assert_eq!(replicas.take_stats().unwrap().len(), 1);
     replicas.load(vec![batch()]).unwrap();
     replicas.inject_failure(1, "device lost").unwrap();
     let (done, result) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let _ = done.send(replicas.step(0.1).map(|_| ()));
+        let _ = done.send(replicas.step(0.1, Default::default()).map(|_| ()));
     });
     // A guard against a hang, not a speed check: the failure must arrive, not time out.
     let error = result

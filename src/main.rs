@@ -2,6 +2,7 @@
 
 mod check;
 mod devices;
+mod export;
 mod plan;
 mod predict;
 mod stats;
@@ -83,6 +84,13 @@ enum Command {
     )]
     Eval(train::EvalArgs),
 
+    /// Export a trained model for inference elsewhere: ONNX (batch norm folded, dynamic batch,
+    /// the preprocessing and class names in its metadata) or torchvision-compatible safetensors.
+    #[command(
+        after_help = "Examples:\n  kiln export --run runs/quickstart-20261130-120000\n  kiln export --run runs/x --weights runs/x/best/model.safetensors --opset 13 --out best.onnx\n  kiln export --weights resnet50.pth --model resnet50 --num-classes 1000 --out resnet50.onnx"
+    )]
+    Export(export::ExportArgs),
+
     /// Check that backends agree: the same weights and batch on each, every stage of a training
     /// step compared with a reference backend.
     #[command(
@@ -126,6 +134,7 @@ fn main() -> ExitCode {
         Command::Predict(args) => predict::run(args),
         Command::Train(args) => train::run_train(args),
         Command::Eval(args) => train::run_eval(args),
+        Command::Export(args) => export::run(args),
         Command::Warmup(args) => train::run_warmup(args),
         Command::Plan(args) => plan::run(args),
         Command::Stats(args) => stats::run(args),

@@ -40,7 +40,7 @@ fn compare_passes_on_the_cpu_backends_and_skips_what_is_missing_when_allowed() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report["reference"], "flex");
     let ndarray = &report["backends"][0]["result"]["compared"];
-    assert_eq!(ndarray.as_array().unwrap().len(), 7);
+    assert_eq!(ndarray.as_array().unwrap().len(), 9);
     assert_eq!(ndarray[3]["stage"], "gradients");
     assert!(ndarray[3]["max_rel"].as_f64().unwrap() < 1e-3);
 }

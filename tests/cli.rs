@@ -227,3 +227,98 @@ fn predict_prints_the_top_classes_of_each_image() {
         "{lines:?}"
     );
 }
+
+/// `name`'s PyTorch input batch and float64 eval logits, from its `_expected.safetensors`.
+fn pytorch_eval(name: &str) -> (Vec<usize>, Vec<f32>, Vec<f32>) {
+    let bytes = std::fs::read(fixture(&format!("{name}_expected.safetensors"))).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let floats = |key: &str| -> (Vec<usize>, Vec<f32>) {
+        let view = file.tensor(key).unwrap();
+        let values = (view.data().chunks_exact(4))
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        (view.shape().to_vec(), values)
+    };
+    let (shape, input) = floats("input");
+    (shape, input, floats("eval_logits").1)
+}
+
+#[test]
+fn export_writes_onnx_that_computes_pytorchs_logits() {
+    use tract_onnx::prelude::*;
+    let dir = tempfile::tempdir().unwrap();
+    for (name, model) in [("resnet18_w4", "resnet18"), ("resnet50_w4", "resnet50")] {
+        let out = dir.path().join(format!("{name}.onnx"));
+        let (weights, out_arg) = (fixture(&format!("{name}.pth")), out.to_string_lossy());
+        let output = kiln(&[
+            "export",
+            "--weights",
+            &weights,
+            "--model",
+            model,
+            "--width",
+            "4",
+            "--num-classes",
+            "10",
+            "--image-size",
+            "64",
+            "--out",
+            &out_arg,
+        ]);
+        assert!(output.status.success(), "{:?}", errors(&output));
+        // PyTorch's float64 eval logits of the same torchvision weights on the same batch.
+        let (shape, input, expected) = pytorch_eval(name);
+        let plan = (tract_onnx::onnx().model_for_path(&out).unwrap())
+            .into_optimized()
+            .unwrap()
+            .into_runnable()
+            .unwrap();
+        let input = tract_ndarray::ArrayD::from_shape_vec(shape, input).unwrap();
+        let actual = plan.run(tvec!(Tensor::from(input).into())).unwrap();
+        let actual = actual[0].to_plain_array_view::<f32>().unwrap();
+        let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (a, b) in expected.iter().zip(actual.iter()) {
+            assert!(
+                (a - b).abs() <= 1e-4 * scale,
+                "{name}: PyTorch {a}, ONNX {b}"
+            );
+        }
+    }
+
+    // Bad arguments: one line each, naming what to change.
+    let weights = fixture("resnet18_w4.pth");
+    let out = dir.path().join("x.onnx").to_string_lossy().into_owned();
+    let base = [
+        "export",
+        "--weights",
+        &weights,
+        "--model",
+        "resnet18",
+        "--width",
+        "4",
+    ];
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--num-classes", "10", "--opset", "3", "--out", &out],
+            "opset 3",
+        ),
+        (&["--num-classes", "7", "--out", &out], "--num-classes"),
+        (
+            &["--num-classes", "10", "--out", "/no/such/dir/x.onnx"],
+            "/no/such/dir",
+        ),
+    ];
+    for (extra, needle) in cases {
+        let mut args = base.to_vec();
+        args.extend(extra);
+        let output = kiln(&args);
+        assert!(!output.status.success());
+        let lines = errors(&output);
+        assert!(lines.len() == 1 && lines[0].contains(needle), "{lines:?}");
+    }
+    let lines = errors(&kiln(&["export", "--run", "/no/such/run"]));
+    assert!(
+        lines.len() == 1 && lines[0].contains("/no/such/run"),
+        "{lines:?}"
+    );
+}

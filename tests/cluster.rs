@@ -34,12 +34,17 @@ momentum = 0.9
 weight_decay = 5e-4
 "#;
 
+/// A port free now, below the range the system takes ports for outgoing connections from (as a
+/// deployment's 29500 is), so that no connection of a test running beside takes it meanwhile;
+/// for a coordinator, the heartbeat's port (3 above, with two machines) is free too.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    loop {
+        let port = fastrand::u16(20000..32000);
+        let free = |p: u16| std::net::TcpListener::bind(("0.0.0.0", p)).is_ok();
+        if free(port) && free(port + 3) {
+            return port;
+        }
+    }
 }
 
 fn model_file(runs: &Path) -> PathBuf {
@@ -330,5 +335,32 @@ fn ctrl_c_on_one_machine_stops_every_machine_at_the_same_step() {
             (a - b).abs() < 1e-4,
             "train loss {a} on one process, {b} after the stop"
         );
+    }
+}
+
+#[test]
+fn a_machine_killed_mid_run_stops_the_other_with_one_line() {
+    for killed in [1, 0] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = long_run(dir.path());
+        let runs = |rank: usize| dir.path().join(format!("node{rank}"));
+        let mut nodes = start_nodes(|rank| new_run(&config, &runs(rank)));
+        for rank in 0..2 {
+            after_first_epoch(&runs(rank), Duration::from_secs(120));
+        }
+        let mut victim = nodes.remove(killed);
+        victim.kill().unwrap();
+        victim.wait().unwrap();
+        let survivor = 1 - killed;
+        let (ok, stderr) = finish(nodes.remove(0), Duration::from_secs(60));
+        assert!(!ok, "machine {survivor} went on without machine {killed}");
+        assert!(!stderr.contains("timed out"), "machine {survivor} hung");
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error")).collect();
+        assert_eq!(errors.len(), 1, "machine {survivor}: {stderr}");
+        assert!(
+            errors[0].contains(&format!("machine {killed} ")) && errors[0].contains("--resume"),
+            "machine {survivor}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "machine {survivor}: {stderr}");
     }
 }

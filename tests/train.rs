@@ -5,6 +5,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use burn::backend::Flex;
+use burn::tensor::{Distribution, Tensor};
 use common::{errors, kiln};
 
 /// The single run directory under `runs`.
@@ -15,6 +17,33 @@ fn run_dir(runs: &Path) -> PathBuf {
         .collect();
     assert_eq!(dirs.len(), 1, "{dirs:?}");
     dirs.pop().unwrap()
+}
+
+/// The outputs of the ONNX model at `path` on `values` of `shape`, run by tract.
+fn run_onnx(path: &Path, shape: [usize; 4], values: Vec<f32>) -> Vec<f32> {
+    use tract_onnx::prelude::*;
+    let plan = (tract_onnx::onnx().model_for_path(path).unwrap())
+        .into_optimized()
+        .unwrap()
+        .into_runnable()
+        .unwrap();
+    let input = tract_ndarray::Array4::from_shape_vec(shape, values).unwrap();
+    let outputs = plan.run(tvec!(Tensor::from(input).into())).unwrap();
+    outputs[0]
+        .to_plain_array_view::<f32>()
+        .unwrap()
+        .iter()
+        .copied()
+        .collect()
+}
+
+/// The `metadata_props` of the ONNX model at `path`, read with tract's own messages.
+fn onnx_metadata(path: &Path) -> std::collections::HashMap<String, String> {
+    use tract_onnx::prelude::*;
+    let proto = tract_onnx::onnx().proto_model_for_path(path).unwrap();
+    (proto.metadata_props.into_iter())
+        .map(|p| (p.key, p.value))
+        .collect()
 }
 
 #[test]
@@ -84,6 +113,33 @@ fn the_quickstart_reaches_95_percent_on_the_shipped_digits() {
         "{text}"
     );
     assert!(text.contains(&format!("macro F1 {macro_f1:.4}")), "{text}");
+
+    // `kiln export` writes model.onnx: another runtime (tract) computes kiln's logits from it,
+    // and its metadata holds the run's class names and normalization.
+    let output = kiln(&["export", "--run", &run.to_string_lossy()]);
+    assert!(output.status.success(), "{:?}", errors(&output));
+    let onnx = run.join("model.onnx");
+    let metadata = onnx_metadata(&onnx);
+    let classes: Vec<String> = serde_json::from_str(&metadata["classes"]).unwrap();
+    let written = std::fs::read_to_string(run.join("classes.txt")).unwrap();
+    assert_eq!(classes, written.lines().collect::<Vec<_>>());
+    assert_eq!(classes.len(), 10);
+    assert!(metadata["normalize"].contains("\"mean\""), "{metadata:?}");
+    let config = kiln_train::TrainConfig::load(&run.join("config.toml"), &[]).unwrap();
+    let device = Default::default();
+    let model = kiln_train::step::build_model::<Flex>(&config.model, 10, &device).unwrap();
+    let (model, _) = kiln_models::weights::load(model, &run.join("model.safetensors")).unwrap();
+    let images = Tensor::<Flex, 4>::random([5, 3, 8, 8], Distribution::Normal(0.0, 1.0), &device);
+    let expected = model
+        .forward(images.clone())
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
+    let actual = run_onnx(&onnx, [5, 3, 8, 8], images.into_data().to_vec().unwrap());
+    let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (a, b) in expected.iter().zip(actual.iter()) {
+        assert!((a - b).abs() <= 1e-4 * scale, "kiln {a}, ONNX {b}");
+    }
 }
 
 #[test]

@@ -34,7 +34,7 @@ fn flex_and_ndarray_agree_on_every_stage_for_both_block_kinds() {
     for depth in [18, 50] {
         let (flex, ndarray) = capture_both(&spec(depth));
         let stages: Vec<Stage> = flex.stages.keys().copied().collect();
-        assert_eq!(stages.len(), 7, "every stage is captured");
+        assert_eq!(stages.len(), 9, "every stage is captured");
         assert!(
             flex.stages[&Stage::Gradients].len() > 20,
             "a gradient for every parameter"
@@ -134,4 +134,70 @@ fn missing_tensors_wrong_shapes_and_nan_fail() {
         TensorData::new(vec![1.0f32, f32::NAN], [2]),
     );
     assert!(!compare::diff(&reference, &nan, &tolerances)[0].passed);
+}
+
+/// `capture` with the update of `name` after `stage`'s steps scaled by `factor`: a wrong
+/// update on one tensor (a momentum or a learning rate off for one parameter group).
+fn mutated(capture: &Capture, stage: Stage, name: &str, factor: f32) -> Capture {
+    let initial = capture.initial[name].to_vec::<f32>().unwrap();
+    let after = &capture.stages[&stage][name];
+    let wrong: Vec<f32> = (after.to_vec::<f32>().unwrap().iter())
+        .zip(&initial)
+        .map(|(a, i)| i + (a - i) * factor)
+        .collect();
+    let mut capture = Capture {
+        stages: capture.stages.clone(),
+        initial: capture.initial.clone(),
+    };
+    let data = TensorData::new(wrong, after.shape.clone());
+    capture
+        .stages
+        .get_mut(&stage)
+        .unwrap()
+        .insert(name.into(), data);
+    capture
+}
+
+#[test]
+fn a_wrong_update_on_one_small_tensor_fails_on_every_backend_kind() {
+    let (flex, ndarray) = capture_both(&spec(18));
+    // Small tensors whose updates are tiny beside the network's largest weight, which was the
+    // scale of every error after the steps before each tensor had its own.
+    for (stage, name) in [
+        (Stage::SgdSteps, "layer3.1.bn2.bias"),
+        (Stage::AdamwSteps, "layer2.0.bn1.weight"),
+        (Stage::AdamwSteps, "fc.bias"),
+    ] {
+        let wrong = mutated(&ndarray, stage, name, 0.9);
+        for tolerances in [Tolerances::float32(), Tolerances::tensor_cores()] {
+            let diffs = compare::diff(&flex, &wrong, &tolerances);
+            let diff = diffs.iter().find(|d| d.stage == stage).unwrap();
+            assert!(
+                !diff.passed && diff.worst == name,
+                "{name} 10% off passed {}: {:.2e} at {}",
+                stage.name(),
+                diff.max_rel,
+                diff.worst
+            );
+        }
+    }
+    // A buffer is compared with its own magnitude, apart from the parameters.
+    let mut wrong = mutated(&ndarray, Stage::AdamwSteps, "fc.bias", 1.0);
+    let buffers = wrong.stages.get_mut(&Stage::SgdBuffers).unwrap();
+    let mean = buffers["layer1.0.bn1.running_mean"]
+        .to_vec::<f32>()
+        .unwrap();
+    let shape = buffers["layer1.0.bn1.running_mean"].shape.clone();
+    let shifted = mean.iter().map(|m| m * 1.05).collect::<Vec<f32>>();
+    buffers.insert(
+        "layer1.0.bn1.running_mean".into(),
+        TensorData::new(shifted, shape),
+    );
+    let diffs = compare::diff(&flex, &wrong, &Tolerances::tensor_cores());
+    let failed: Vec<Stage> = diffs
+        .iter()
+        .filter(|d| !d.passed)
+        .map(|d| d.stage)
+        .collect();
+    assert_eq!(failed, vec![Stage::SgdBuffers]);
 }

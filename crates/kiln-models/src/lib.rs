@@ -3,6 +3,7 @@
 
 mod batch_norm;
 mod footprint;
+pub mod onnx;
 mod precision;
 pub mod pretrained;
 mod resnet;

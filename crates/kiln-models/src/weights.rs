@@ -192,6 +192,16 @@ pub fn write_safetensors(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let bytes = safetensors::serialize(views, None).map_err(|e| write_err(e.to_string()))?;
+    write_whole(path, &bytes)
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so that a crash never leaves
+/// half a file.
+pub(crate) fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), WeightsError> {
+    let write_err = |reason: String| WeightsError::Write {
+        path: path.to_path_buf(),
+        reason,
+    };
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".partial");
     let tmp = PathBuf::from(tmp);

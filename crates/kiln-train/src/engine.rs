@@ -179,6 +179,8 @@ fn train_planned<B: AutodiffBackend>(
     B::seed(&device, config.seed);
     let (train_loader, val_loader) = loaders(config, shard(&placement))?;
     let classes = train_loader.dataset().classes().len();
+    run.write_classes(train_loader.dataset().classes())
+        .map_err(io_error(&run.path))?;
     let class_weights = match &config.loss.class_weights {
         Some(weights) => Some(class_weights(
             weights,

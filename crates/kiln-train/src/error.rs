@@ -94,7 +94,11 @@ pub enum ParallelError {
     )]
     CoordinatorPort(u16, String),
     #[error(
-        "another machine of the run stopped answering ({0}), so this one stops too. Once every machine can run again, resume each with --resume <its run directory> and the same --nodes and --coordinator"
+        "cannot listen for the other machines' heartbeats on port {0} (the coordinator's port + 1 + --nodes): {1}. Choose a --coordinator port with that one free too, on every machine"
+    )]
+    HeartbeatPort(u16, String),
+    #[error(
+        "lost a machine of the run: {0}; this machine stops too. Once every machine can run again, resume each with --resume <its run directory> and the same --nodes and --coordinator"
     )]
     MachineLost(String),
     #[error(

@@ -23,6 +23,7 @@ pub mod early_stopping;
 pub mod ema;
 pub mod engine;
 pub mod error;
+pub mod heartbeat;
 pub mod lr_find;
 pub mod measure;
 pub mod optim;

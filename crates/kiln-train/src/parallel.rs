@@ -30,6 +30,7 @@ use kiln_models::ResNet;
 use crate::batch::{DeviceBatch, to_device};
 use crate::collective::sum_values;
 use crate::error::{ParallelError, TrainError};
+use crate::heartbeat;
 use crate::optim::AnyOptimizer;
 use crate::panics::REPLICA_THREAD;
 use crate::scaler::LossScaler;
@@ -154,6 +155,13 @@ pub struct Replicas<B: AutodiffBackend> {
 /// How long to wait for the replicas before saying what is being waited for.
 const PATIENCE: Duration = Duration::from_secs(60);
 
+/// How often a wait for the replicas looks whether another machine was lost.
+const POLL: Duration = Duration::from_millis(250);
+
+/// How long a wait goes on after another machine was lost: a machine that leaves as the run
+/// ends may have completed the wait's all-reduce already.
+const GRACE: Duration = Duration::from_secs(2);
+
 impl<B: AutodiffBackend> Replicas<B> {
     /// One replica per device of `placement`, all starting from `model`, `optimizer` and the
     /// loss function that `make_loss` builds for a device. Joins the collective (and, on
@@ -187,9 +195,11 @@ impl<B: AutodiffBackend> Replicas<B> {
                 peer: collective.then(|| PeerId::from(first + i)),
             })
             .collect();
-        let seats = match seats.len() {
-            1 => Seats::Here(Box::new(seats.remove(0))),
-            _ => Seats::Threads(
+        // On several machines the replica runs on a thread of its own even when it is the only
+        // one, so that this thread can notice a lost machine while the replica waits for it.
+        let seats = match seats.len() == 1 && placement.cluster.is_none() {
+            true => Seats::Here(Box::new(seats.remove(0))),
+            false => Seats::Threads(
                 seats
                     .into_iter()
                     .enumerate()
@@ -222,6 +232,11 @@ impl<B: AutodiffBackend> Replicas<B> {
             if cluster.rank == 0 {
                 start_coordinator(port)?;
             }
+            let host = cluster
+                .coordinator
+                .rsplit_once(':')
+                .map_or("", |(host, _)| host);
+            heartbeat::start(cluster.rank, host, heartbeat::port(port, cluster.nodes))?;
             let (node_address, data_port) = cluster.node_address()?;
             let websocket = |host_port: &str| {
                 format!("ws://{host_port}")
@@ -498,13 +513,17 @@ impl<B: AutodiffBackend> Replicas<B> {
                 Ok(())
             }
         })?;
+        if machines {
+            heartbeat::leave();
+        }
         Ok(())
     }
 
     /// Runs the job that `job(i)` makes on replica `i`, all at once, and gathers the results.
     /// The first replica that fails (an error or a panic) ends the wait with its error at
     /// once: the others may be blocked in an all-reduce that will never complete, and are
-    /// left behind. A wait longer than a minute is reported, with what it waits for.
+    /// left behind. So does a lost machine (see [`heartbeat`]). A wait longer than a minute is
+    /// reported, with what it waits for.
     fn on_each<T, J>(&mut self, mut job: impl FnMut(usize) -> J) -> Result<Vec<T>, TrainError>
     where
         T: Send + 'static,
@@ -532,17 +551,32 @@ impl<B: AutodiffBackend> Replicas<B> {
         // pending operation releases them with an error.
         let stop_the_others = || {
             if collective {
-                let _ = catch_unwind(collective::reset_collective::<B::InnerBackend>);
+                // Quietly: once a machine is lost, the collective's own threads may be gone.
+                let _ = crate::panics::quietly(collective::reset_collective::<B::InnerBackend>);
             }
         };
         // A replica that failed because another machine left the run says so.
-        let lost = || crate::panics::network_failure().map(ParallelError::MachineLost);
+        let machines = self.machines;
+        // A failed all-reduce may be the first sign: then the heartbeat, which names the
+        // machine, gets a moment (its connection's end arrives within milliseconds of a death).
+        let lost = move |wait: Duration| {
+            if !machines {
+                return None;
+            }
+            let deadline = Instant::now() + wait;
+            while heartbeat::lost().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let why = heartbeat::lost().or_else(crate::panics::network_failure);
+            why.map(ParallelError::MachineLost)
+        };
+        let (mut lost_since, mut next_warning) = (None, PATIENCE);
         while let Some(waiting) = results.iter().position(Option::is_none) {
-            match replies.recv_timeout(PATIENCE) {
+            match replies.recv_timeout(POLL) {
                 Ok((i, Ok(Ok(value)))) => results[i] = Some(value),
                 Ok((_, Ok(Err(error)))) => {
                     stop_the_others();
-                    return Err(lost().map_or(error, Into::into));
+                    return Err(lost(GRACE).map_or(error, Into::into));
                 }
                 Ok((i, Err(panic))) => {
                     stop_the_others();
@@ -551,12 +585,24 @@ impl<B: AutodiffBackend> Replicas<B> {
                         resume_unwind(panic);
                     }
                     let error = failed(i, message.lines().next().unwrap_or("a panic"));
-                    return Err(lost().map_or(error, Into::into));
+                    return Err(lost(GRACE).map_or(error, Into::into));
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => log::warn!(
-                    "replica {waiting} has not answered for {} s (compiling GPU kernels, or waiting for another replica or machine in an all-reduce)",
-                    start.elapsed().as_secs()
-                ),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Some(error) = lost(Duration::ZERO) {
+                        let since = *lost_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= GRACE {
+                            stop_the_others();
+                            return Err(error.into());
+                        }
+                    }
+                    if start.elapsed() >= next_warning {
+                        next_warning += PATIENCE;
+                        log::warn!(
+                            "replica {waiting} has not answered for {} s (compiling GPU kernels, or waiting for another replica or machine in an all-reduce)",
+                            start.elapsed().as_secs()
+                        );
+                    }
+                }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     return Err(failed(waiting, "its thread has ended"));
                 }

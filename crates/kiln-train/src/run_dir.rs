@@ -109,6 +109,22 @@ impl RunDir {
         self.path.join("model.safetensors")
     }
 
+    /// The class names in the model's output order, one per line (`kiln predict --classes`
+    /// and `kiln export` read it).
+    pub fn classes_path(&self) -> PathBuf {
+        self.path.join("classes.txt")
+    }
+
+    pub fn write_classes(&self, names: &[String]) -> std::io::Result<()> {
+        write_atomically(&self.classes_path(), (names.join("\n") + "\n").as_bytes())
+    }
+
+    /// The class names `write_classes` wrote.
+    pub fn classes(&self) -> std::io::Result<Vec<String>> {
+        let text = std::fs::read_to_string(self.classes_path())?;
+        Ok(text.lines().map(String::from).collect())
+    }
+
     /// The epoch summaries recorded so far.
     pub fn history(&self) -> Vec<EpochSummary> {
         std::fs::read_to_string(self.path.join("metrics.jsonl"))

@@ -13,6 +13,7 @@ use kiln_backend::{
 use kiln_check::CheckError;
 use kiln_check::bench::{self, Budget, Measurement, Mode, Target, Workload};
 use kiln_check::compare::{self, Capture, CompareSpec, StageDiff, Tolerances};
+use kiln_check::trajectory::{self, Fixture, RunDiff};
 use kiln_models::{ResNetConfig, Stem};
 
 #[derive(Args)]
@@ -57,6 +58,16 @@ pub struct CompareArgs {
     /// (rounding alone moves them by percents), as their training recipes know.
     #[arg(long)]
     zero_init_residual: bool,
+
+    /// Also train PyTorch's reference runs on every backend and compare each step's loss and the
+    /// parameters with PyTorch's: the folder `tests/fixtures/trajectory/make_trajectories.py`
+    /// writes (`cargo xtask compare` passes it).
+    #[arg(long, value_name = "DIR")]
+    trajectories: Option<PathBuf>,
+
+    /// Only these of the folder's runs, comma-separated (default: all of them).
+    #[arg(long, value_delimiter = ',', requires = "trajectories")]
+    runs: Vec<String>,
 
     /// Also write the results as JSON here.
     #[arg(long)]
@@ -130,7 +141,7 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
     let mut results = Vec::new();
     let mut failed = false;
     let mut missing = Vec::new();
-    for backend in backends.into_iter().filter(|b| *b != reference) {
+    for backend in backends.iter().copied().filter(|b| *b != reference) {
         let outcome = capture_on(backend, &probe, &spec, &weights).map(|actual| {
             let tolerances = if backend == Backend::Cuda {
                 Tolerances::tensor_cores()
@@ -151,14 +162,55 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
         results.push(serde_json::json!({ "backend": backend.name(), "result": outcome }));
     }
     let _ = std::fs::remove_file(&weights);
+    let mut followed = Vec::new();
+    let mut strayed = false;
+    if let Some(dir) = &args.trajectories {
+        // Fails here, once, if the folder is not a fixture or lacks a run asked for.
+        let fixture = Fixture::load(dir)?;
+        let known: Vec<&str> = fixture.runs().map(|(name, _)| name).collect();
+        if let Some(unknown) = args.runs.iter().find(|r| !known.contains(&r.as_str())) {
+            bail!(
+                "{} has no run `{unknown}`; it has {}",
+                dir.display(),
+                known.join(", ")
+            );
+        }
+        let runs: Vec<String> = match args.runs.is_empty() {
+            true => known.iter().map(|r| r.to_string()).collect(),
+            false => args.runs.clone(),
+        };
+        println!(
+            "following PyTorch's training runs ({}) on every backend; errors relative to PyTorch's float64 run, bounds twice its float32 run's",
+            runs.join(", ")
+        );
+        for &backend in backends.iter().filter(|b| !missing.contains(&b.name())) {
+            let outcome = follow_on(backend, &probe, dir, &runs);
+            print_trajectories(backend.name(), &outcome);
+            strayed |= match &outcome {
+                Outcome::Compared(diffs) => diffs.iter().any(|d| !d.passed()),
+                Outcome::Failed(_) => true,
+                Outcome::Skipped(_) => false,
+            };
+            followed.push(serde_json::json!({ "backend": backend.name(), "result": outcome }));
+        }
+    }
     let _ = std::fs::remove_dir_all(&kernels);
     if let Some(path) = &args.json {
-        let json = serde_json::json!({ "reference": reference.name(), "backends": results });
+        let json = serde_json::json!({
+            "reference": reference.name(),
+            "backends": results,
+            "trajectories": followed,
+        });
         std::fs::write(path, serde_json::to_string_pretty(&json)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     if failed {
         bail!("the backends disagree beyond tolerance (see the table above)");
+    }
+    if strayed {
+        bail!(
+            "a backend strayed from PyTorch's training runs beyond their bounds (see the table above)"
+        );
     }
     if !missing.is_empty() && !args.allow_missing {
         bail!(
@@ -169,6 +221,9 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
         );
     }
     println!("all compared backends agree with {reference} within tolerance");
+    if args.trajectories.is_some() {
+        println!("and every backend followed PyTorch's training runs within bounds");
+    }
     Ok(())
 }
 
@@ -199,6 +254,20 @@ fn capture_on(
     spec: &CompareSpec,
     weights: &Path,
 ) -> Outcome<Capture> {
+    let task = SaveAndCapture {
+        spec: spec.clone(),
+        weights: weights.to_path_buf(),
+        save: false,
+    };
+    attempt(backend, probe, task)
+}
+
+/// Runs `task` on `backend`: skipped where the backend cannot run here, failed where it starts
+/// and then fails or panics.
+fn attempt<R, T>(backend: Backend, probe: &Probe, task: T) -> Outcome<R>
+where
+    T: BackendTask<Output = Result<R, CheckError>>,
+{
     let resolved = match resolve(
         BackendChoice::Explicit(backend),
         &DeviceSelection::default(),
@@ -207,13 +276,8 @@ fn capture_on(
         Ok(resolved) => resolved,
         Err(why) => return Outcome::Skipped(why.to_string()),
     };
-    let task = SaveAndCapture {
-        spec: spec.clone(),
-        weights: weights.to_path_buf(),
-        save: false,
-    };
     match guarded(|| run_on(&resolved, task)) {
-        Ok(Ok(Ok(capture))) => Outcome::Compared(capture),
+        Ok(Ok(Ok(result))) => Outcome::Compared(result),
         Ok(Ok(Err(e))) => Outcome::Failed(e.to_string()),
         Ok(Err(e)) => Outcome::Skipped(e.to_string()),
         Err(panic) => Outcome::Failed(panic),
@@ -242,6 +306,90 @@ fn print_outcome(backend: &str, outcome: &Outcome<Vec<StageDiff>>) {
                 );
             }
         }
+    }
+}
+
+fn follow_on(
+    backend: Backend,
+    probe: &Probe,
+    dir: &Path,
+    runs: &[String],
+) -> Outcome<Vec<RunDiff>> {
+    let task = FollowPyTorch {
+        dir: dir.to_path_buf(),
+        runs: runs.to_vec(),
+    };
+    attempt(backend, probe, task)
+}
+
+fn print_trajectories(backend: &str, outcome: &Outcome<Vec<RunDiff>>) {
+    let diffs = match outcome {
+        Outcome::Skipped(why) => return println!("{backend:<8} skipped: {why}"),
+        Outcome::Failed(why) => return println!("{backend:<8} FAILED: {why}"),
+        Outcome::Compared(diffs) => diffs,
+    };
+    println!(
+        "{:<8} {:<15} {:<26} {:>9} {:>9} {:>9}  {:<6} where",
+        "backend", "run", "measure", "error", "bound", "pytorch", "result"
+    );
+    for diff in diffs {
+        let rows = std::iter::once(("losses (every step)".to_string(), &diff.losses))
+            .chain(
+                diff.parameters
+                    .iter()
+                    .map(|(s, w)| (format!("parameters at step {s}"), w)),
+            )
+            .chain(
+                diff.buffers
+                    .iter()
+                    .map(|(s, w)| (format!("bn buffers at step {s}"), w)),
+            );
+        for (measure, worst) in rows {
+            println!(
+                "{:<8} {:<15} {:<26} {:>9.2e} {:>9.1e} {:>9.2e}  {:<6} {}",
+                backend,
+                diff.run,
+                measure,
+                worst.error,
+                worst.bound,
+                worst.pytorch,
+                if worst.passed() { "ok" } else { "FAILED" },
+                worst.at
+            );
+        }
+        if diff.schedule > 1e-9 || !diff.counters_exact {
+            println!(
+                "{backend:<8} {:<15} FAILED: learning rates {:.1e} from PyTorch's, step counters {}",
+                diff.run,
+                diff.schedule,
+                if diff.counters_exact {
+                    "exact"
+                } else {
+                    "wrong"
+                }
+            );
+        }
+    }
+}
+
+/// Trains each of PyTorch's reference runs and compares it with PyTorch's.
+struct FollowPyTorch {
+    dir: PathBuf,
+    runs: Vec<String>,
+}
+
+impl BackendTask for FollowPyTorch {
+    type Output = Result<Vec<RunDiff>, CheckError>;
+
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output {
+        let fixture = Fixture::load(&self.dir)?;
+        (self.runs.iter())
+            .map(|run| {
+                let setup = fixture.setup(run)?;
+                let trained = trajectory::train::<B>(&fixture, run, &setup, &devices[0])?;
+                trajectory::diff(&fixture, run, &setup, &trained)
+            })
+            .collect()
     }
 }
 

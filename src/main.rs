@@ -1,8 +1,6 @@
 //! The `kiln` command line: parse, pick the backend, call one library function.
 
-mod check;
 mod devices;
-mod export;
 mod plan;
 mod predict;
 mod stats;
@@ -12,6 +10,7 @@ mod train;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use kiln::{check, export, panic_message};
 use kiln_backend::{BackendChoice, DeviceSelection};
 
 #[derive(Parser)]
@@ -159,21 +158,6 @@ fn one_line(error: &anyhow::Error) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(": ")
-}
-
-/// The first non-empty line of a panic's message (cubecl's begin with a newline).
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    let message = payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown cause".to_string());
-    message
-        .lines()
-        .map(str::trim)
-        .find(|line| !line.is_empty())
-        .unwrap_or("no message")
-        .to_string()
 }
 
 /// burn's and cubecl's warnings (and errors) reach the user; `RUST_LOG` says otherwise. wgpu's

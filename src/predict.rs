@@ -1,13 +1,13 @@
-//! `kiln predict`: parse, pick the device, call `kiln_train::predict`.
+//! `kiln predict`: parse, pick the device, call `kiln::predict`.
 
 use std::path::PathBuf;
 
-use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
-use kiln_backend::{BackendTask, probe, resolve, run_on};
+use kiln::parse_stem;
+use kiln_backend::{probe, resolve};
 use kiln_data::EvalTransform;
 use kiln_models::{ResNetConfig, Stem};
-use kiln_train::predict::{PredictRequest, Prediction, Weights, predict};
+use kiln_train::predict::{PredictRequest, Weights};
 
 use crate::DeviceArgs;
 
@@ -50,14 +50,6 @@ pub struct PredictArgs {
     device: DeviceArgs,
 }
 
-pub fn parse_stem(s: &str) -> Result<Stem, String> {
-    match s {
-        "imagenet" => Ok(Stem::Imagenet),
-        "cifar" => Ok(Stem::Cifar),
-        other => Err(format!("unknown stem `{other}`: choose imagenet or cifar")),
-    }
-}
-
 pub fn run(args: PredictArgs) -> anyhow::Result<()> {
     let model = ResNetConfig::from_name(&args.model)?
         .with_num_classes(args.num_classes)
@@ -76,7 +68,7 @@ pub fn run(args: PredictArgs) -> anyhow::Result<()> {
         top: args.top,
     };
     let resolved = resolve(args.device.backend, &args.device.devices, &probe())?;
-    let predictions = run_on(&resolved, Predict(request))??;
+    let predictions = kiln::predict(&resolved, request)?;
     for prediction in predictions {
         println!("{}", prediction.image.display());
         for (name, probability) in prediction.top {
@@ -84,14 +76,4 @@ pub fn run(args: PredictArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-struct Predict(PredictRequest);
-
-impl BackendTask for Predict {
-    type Output = Result<Vec<Prediction>, kiln_train::predict::PredictError>;
-
-    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output {
-        predict::<B::InnerBackend>(&self.0, &devices[0])
-    }
 }

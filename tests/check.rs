@@ -138,3 +138,66 @@ fn bench_with_a_bad_reference_file_names_it() {
         "{errors:?}"
     );
 }
+
+/// PyTorch's ResNet-18 SGD run followed by the binary, reported row by row and in the JSON (whether
+/// it holds every bound to step 50 depends on float32 chaos, so only what is exact is asserted
+/// here: kiln-check's tests bound the first ten steps), and a folder that is not a fixture and a
+/// run it lacks named in one line each.
+#[test]
+fn compare_follows_pytorchs_training_run_and_names_a_folder_that_is_not_one() {
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/trajectory");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("compare.json");
+    let small = [
+        "--width",
+        "4",
+        "--image-size",
+        "8",
+        "--batch",
+        "2",
+        "--steps",
+        "1",
+    ];
+    let mut args = vec!["compare", "--backends", "flex", "--trajectories", fixture];
+    args.extend(small);
+    args.extend(["--runs", "resnet18_sgd", "--json", json.to_str().unwrap()]);
+    let output = kiln(&args);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for row in [
+        "losses (every step)",
+        "parameters at step 50",
+        "bn buffers at step 10",
+    ] {
+        assert!(
+            (stdout.lines()).any(|l| l.starts_with(&format!("flex     resnet18_sgd    {row}"))),
+            "no `{row}` row:\n{stdout}\n{:?}",
+            errors(&output)
+        );
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = &report["trajectories"][0]["result"]["compared"];
+    assert_eq!(runs.as_array().map(Vec::len), Some(1), "{report}");
+    assert!(runs[0]["schedule"].as_f64().unwrap() <= 1e-9, "{report}");
+    assert_eq!(runs[0]["counters_exact"], true, "{report}");
+    let losses = &runs[0]["losses"];
+    assert!(losses["error"].as_f64().unwrap().is_finite(), "{report}");
+
+    for (folder, run, expected) in [
+        (
+            dir.path().to_str().unwrap(),
+            "resnet18_sgd",
+            "trajectory.json",
+        ),
+        (fixture, "resnet34_sgd", "no run `resnet34_sgd`"),
+    ] {
+        let mut args = vec!["compare", "--backends", "flex"];
+        args.extend(small);
+        args.extend(["--trajectories", folder, "--runs", run]);
+        let output = kiln(&args);
+        assert!(!output.status.success());
+        let errors = errors(&output);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].contains(expected), "{errors:?}");
+    }
+}

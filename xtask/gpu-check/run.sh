@@ -8,7 +8,8 @@
 # the order of what they tell: devices, diagnosis (under 3 minutes: missing libraries or
 # headers, slow compilation, a hang, or working; the driver, NVRTC and headers used; kernels
 # compiled and seconds of a cold and a warm warm-up), train, compare (cuda against flex, and
-# vulkan where the machine has a Vulkan driver), bench (kiln on cuda and vulkan beside PyTorch
+# vulkan where the machine has a Vulkan driver), trajectories (PyTorch's training runs followed
+# step by step on cuda and flex), bench (kiln on cuda and vulkan beside PyTorch
 # eager and channels-last+bf16), train (the quickstart on cuda; its loss must fall), soak (eight
 # epochs; device memory must stay flat), devices-all (data parallel on every GPU), plan (kiln
 # plan's estimate against the measured peak at two batch sizes), max-memory (batch_size "auto"
@@ -219,6 +220,10 @@ fi
 
 step compare-resnet18 180 "$KILN" compare "${COMPARE[@]}" "${COMPARE_18[@]}" --json "$OUT/compare-resnet18.json"
 step compare-resnet50 180 "$KILN" compare "${COMPARE[@]}" "${COMPARE_50[@]}" --json "$OUT/compare-resnet50.json"
+# PyTorch's four 50-step training runs, followed on each backend (the cross-backend part at a
+# toy size). The bounds are twice PyTorch's own float32 error on the CPU: TF32 may exceed them.
+step trajectories 240 "$KILN" compare "${COMPARE[@]}" --width 4 --image-size 16 --batch 2 --steps 1 \
+    --trajectories "$HERE/trajectory" --json "$OUT/trajectories.json"
 if [ ${#COMPARE_OPTIONAL[@]} -gt 0 ]; then
     step compare-vulkan 180 "$KILN" compare "${COMPARE_OPTIONAL[@]}" "${COMPARE_18[@]}" --json "$OUT/compare-vulkan.json"
 fi

@@ -1,6 +1,7 @@
 //! `cargo xtask gpu-check --carry-dir DIR [--dry-run]`: everything a machine with NVIDIA GPUs
 //! needs to check kiln, built here and put in one folder (under 60 MB): the kiln binary with
-//! `cuda` (and wgpu and flex) compressed, `run.sh`, the PyTorch benchmark script and the configs.
+//! `cuda` (and wgpu and flex) compressed, `run.sh`, the PyTorch benchmark script, the configs and
+//! PyTorch's training runs (`trajectory/`).
 //! On the GPU machine: `bash DIR/run.sh`. `--dry-run` runs the folder's script here, on the CPU.
 
 use std::io::{BufReader, BufWriter};
@@ -42,6 +43,24 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     ] {
         std::fs::copy(root.join(from), carry.join(to))
             .with_context(|| format!("cannot copy {from} into {}", carry.display()))?;
+    }
+    // PyTorch's training runs, for `kiln compare --trajectories` (its data, not its script).
+    let trajectory = root.join(crate::TRAJECTORIES);
+    std::fs::create_dir_all(carry.join("trajectory"))?;
+    for entry in std::fs::read_dir(&trajectory)
+        .with_context(|| format!("cannot read {}", trajectory.display()))?
+    {
+        let path = entry?.path();
+        if path
+            .extension()
+            .is_some_and(|e| e == "json" || e == "safetensors")
+        {
+            let to = carry
+                .join("trajectory")
+                .join(path.file_name().unwrap_or_default());
+            std::fs::copy(&path, &to)
+                .with_context(|| format!("cannot copy {} into {}", path.display(), to.display()))?;
+        }
     }
     let size = folder_size(&carry)?;
     println!(

@@ -1,10 +1,12 @@
 //! `cargo xtask <chore>`: the project's chores as plain Rust, in the style of rust-analyzer.
 //!
 //! - `lint`: rustfmt check and clippy with warnings as errors, as CI expects them.
-//! - `fixtures`: regenerate the PyTorch parity fixtures in `tests/fixtures/` (needs a `.venv`
-//!   with torch, torchvision and safetensors).
+//! - `fixtures`: regenerate the PyTorch parity fixtures in `tests/fixtures/` and PyTorch's
+//!   training runs in `tests/fixtures/trajectory/` (needs a `.venv` with torch, torchvision and
+//!   safetensors).
 //! - `compare [--kiln PATH] [kiln compare options]`: builds kiln with the backends asked for
-//!   (or takes the binary at PATH) and checks that they agree (`kiln compare`); CI runs it with
+//!   (or takes the binary at PATH) and checks that they agree (`kiln compare`; add
+//!   `--trajectories tests/fixtures/trajectory` for PyTorch's training runs); CI runs it with
 //!   flex, ndarray and wgpu on the binary its tests built.
 //! - `bench [--no-data] [--passes] [kiln bench options]`: training and inference throughput against
 //!   PyTorch in the same run, then `bench data`.
@@ -85,13 +87,23 @@ fn fixtures(root: &Path) -> anyhow::Result<()> {
             python.display()
         );
     }
-    let script = root.join("tests/fixtures/make_resnet_fixtures.py");
-    run(
-        root,
-        &python.to_string_lossy(),
-        &[&script.to_string_lossy()],
-    )
+    for script in [
+        "tests/fixtures/make_resnet_fixtures.py",
+        "tests/fixtures/trajectory/make_trajectories.py",
+    ] {
+        let script = root.join(script);
+        run(
+            root,
+            &python.to_string_lossy(),
+            &[&script.to_string_lossy()],
+        )?;
+    }
+    Ok(())
 }
+
+/// PyTorch's training runs, which `kiln compare --trajectories` follows on every backend (the
+/// GPU check carries them).
+pub const TRAJECTORIES: &str = "tests/fixtures/trajectory";
 
 /// `cargo xtask compare`: `kiln compare` built with the backends it names.
 fn compare(root: &Path, args: &[String]) -> anyhow::Result<()> {

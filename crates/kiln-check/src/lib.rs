@@ -4,9 +4,12 @@
 //!   norm statistics and the parameters after optimizer steps, each compared with a reference.
 //! - [`bench`]: training and inference throughput, step time and peak memory, and the same
 //!   figures from PyTorch (written by `xtask/scripts/bench_torch.py`) side by side.
+//! - [`trajectory`]: whole training runs (50 steps of the trainer's step function) against
+//!   PyTorch's, loss by loss and tensor by tensor.
 
 pub mod bench;
 pub mod compare;
+pub mod trajectory;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -48,6 +51,9 @@ pub enum CheckError {
     Weights(#[from] kiln_models::weights::WeightsError),
     #[error(transparent)]
     Step(#[from] kiln_train::error::ParallelError),
+    /// A fixture's config that kiln does not accept, or a model or optimizer it cannot build.
+    #[error("cannot set up the run: {0}")]
+    Setup(String),
     #[error("cannot read {path}: {reason}")]
     Read {
         path: std::path::PathBuf,

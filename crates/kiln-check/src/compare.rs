@@ -324,7 +324,8 @@ pub fn diff(reference: &Capture, actual: &Capture, tolerances: &Tolerances) -> V
         .collect()
 }
 
-fn values(data: &TensorData) -> Vec<f64> {
+/// A tensor's values as f64 (empty if they cannot be read).
+pub(crate) fn values(data: &TensorData) -> Vec<f64> {
     data.clone()
         .convert::<f64>()
         .to_vec::<f64>()

@@ -31,6 +31,7 @@ use kiln_train::step::{Replica, StepPlan, build_model, loss_function};
 use serde::{Deserialize, Serialize};
 
 use crate::CheckError;
+use crate::compare::values;
 
 /// kiln's bound is at most this many times PyTorch's own float32 error ...
 const TIMES_PYTORCH: f64 = 2.0;
@@ -381,13 +382,6 @@ fn read_tensors(path: &Path) -> Result<BTreeMap<String, TensorData>, CheckError>
 
 fn is_buffer(name: &str) -> bool {
     name.contains("running_")
-}
-
-fn values(data: &TensorData) -> Vec<f64> {
-    data.clone()
-        .convert::<f64>()
-        .to_vec::<f64>()
-        .unwrap_or_default()
 }
 
 fn norm(values: &[f64]) -> f64 {

@@ -13,7 +13,8 @@ use kiln_backend::{
 use kiln_check::CheckError;
 use kiln_check::bench::{self, Budget, Measurement, Mode, Target, Workload};
 use kiln_check::compare::{self, Capture, CompareSpec, StageDiff, Tolerances};
-use kiln_check::trajectory::{self, Fixture, RunDiff};
+use kiln_check::parity::{self, Parity};
+use kiln_check::trajectory::{self, Fixture, RunDiff, Setup, Trajectory};
 use kiln_models::{ResNetConfig, Stem};
 
 #[derive(Args)]
@@ -142,7 +143,7 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
     let mut failed = false;
     let mut missing = Vec::new();
     for backend in backends.iter().copied().filter(|b| *b != reference) {
-        let outcome = capture_on(backend, &probe, &spec, &weights).map(|actual| {
+        let outcome = capture_on(backend, &probe, &spec, &weights, false).map(|actual| {
             let tolerances = if backend == Backend::Cuda {
                 Tolerances::tensor_cores()
             } else {
@@ -228,9 +229,9 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
 }
 
 /// What happened to one backend.
-#[derive(serde::Serialize)]
+#[derive(Debug, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
-enum Outcome<T> {
+pub enum Outcome<T> {
     Compared(T),
     /// Not compiled in, or no device: a failure unless `--allow-missing`.
     Skipped(String),
@@ -248,16 +249,48 @@ impl<T> Outcome<T> {
     }
 }
 
-fn capture_on(
+/// Every stage of `spec` on `backend`, from the weights in `weights` (first initialised and
+/// written there with `save`).
+pub fn capture_on(
     backend: Backend,
     probe: &Probe,
     spec: &CompareSpec,
     weights: &Path,
+    save: bool,
 ) -> Outcome<Capture> {
     let task = SaveAndCapture {
         spec: spec.clone(),
         weights: weights.to_path_buf(),
-        save: false,
+        save,
+    };
+    attempt(backend, probe, task)
+}
+
+/// One training step of PyTorch's fixture `name` (a width-4 ResNet of `depth` layers, in `dir`)
+/// on `backend`, against PyTorch's float64 answer (`kiln_check::parity`).
+pub fn parity_on(
+    backend: Backend,
+    probe: &Probe,
+    dir: &Path,
+    name: &str,
+    depth: usize,
+) -> Outcome<Parity> {
+    attempt(backend, probe, OneStep { dir, name, depth })
+}
+
+/// PyTorch's training run `run` of `fixture`, set up as `setup` says (a mutation test changes
+/// it), trained on `backend` through the trainer's step function.
+pub fn trajectory_on(
+    backend: Backend,
+    probe: &Probe,
+    fixture: &Fixture,
+    run: &str,
+    setup: &Setup,
+) -> Outcome<Trajectory> {
+    let task = Follow {
+        fixture,
+        run,
+        setup,
     };
     attempt(backend, probe, task)
 }
@@ -390,6 +423,34 @@ impl BackendTask for FollowPyTorch {
                 trajectory::diff(&fixture, run, &setup, &trained)
             })
             .collect()
+    }
+}
+
+struct OneStep<'a> {
+    dir: &'a Path,
+    name: &'a str,
+    depth: usize,
+}
+
+impl BackendTask for OneStep<'_> {
+    type Output = Result<Parity, CheckError>;
+
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output {
+        parity::check::<B>(self.dir, self.name, self.depth, &devices[0])
+    }
+}
+
+struct Follow<'a> {
+    fixture: &'a Fixture,
+    run: &'a str,
+    setup: &'a Setup,
+}
+
+impl BackendTask for Follow<'_> {
+    type Output = Result<Trajectory, CheckError>;
+
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output {
+        trajectory::train::<B>(self.fixture, self.run, self.setup, &devices[0])
     }
 }
 

@@ -287,7 +287,7 @@ pub fn lr_find(
     backend: BackendChoice,
     devices: &DeviceSelection,
     options: LrFindOptions,
-    progress: impl FnMut(usize, &LrPoint),
+    progress: &mut dyn FnMut(usize, &LrPoint),
 ) -> anyhow::Result<LrFind> {
     options.check().map_err(anyhow::Error::msg)?;
     let resolved = resolve(backend, devices, &probe())?;
@@ -301,13 +301,15 @@ pub fn lr_find(
     Ok(run_on(&resolved, task)??)
 }
 
-struct RangeTest<P> {
+/// `progress` is a trait object, not a type parameter: generic over the caller's closure, the
+/// whole range test (training on every backend) would be compiled again in the binary.
+struct RangeTest<'a> {
     config: TrainConfig,
     options: LrFindOptions,
-    progress: P,
+    progress: &'a mut dyn FnMut(usize, &LrPoint),
 }
 
-impl<P: FnMut(usize, &LrPoint)> BackendTask for RangeTest<P> {
+impl BackendTask for RangeTest<'_> {
     type Output = Result<LrFind, TrainError>;
 
     fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output {

@@ -247,7 +247,7 @@ pub fn run_lr_find(args: LrFindArgs) -> anyhow::Result<()> {
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
             .expect("a valid template"),
     );
-    let result = kiln::lr_find(&config, backend, &devices, options, |_, point| {
+    let result = kiln::lr_find(&config, backend, &devices, options, &mut |_, point| {
         bar.inc(1);
         bar.set_message(format!("lr {:.2e}, loss {:.4}", point.lr, point.smoothed));
     });

@@ -142,6 +142,129 @@ fn the_quickstart_reaches_95_percent_on_the_shipped_digits() {
     }
 }
 
+/// The quickstart's epochs (`metrics.jsonl`) trained on flex from `initial.pth` with `settings`.
+fn quickstart_from_pytorchs_weights(settings: &[&str]) -> Vec<serde_json::Value> {
+    let runs = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "train".to_string(),
+        "--config".into(),
+        "configs/quickstart.toml".into(),
+        "--backend".into(),
+        "flex".into(),
+        "--set".into(),
+        "model.pretrained=tests/fixtures/quickstart/initial.pth".into(),
+        "--set".into(),
+        format!("logging.runs_dir={}", runs.path().display()),
+    ];
+    for setting in settings {
+        args.extend(["--set".to_string(), setting.to_string()]);
+    }
+    let output = kiln(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(output.status.success(), "{:?}", errors(&output));
+    let metrics = std::fs::read_to_string(run_dir(runs.path()).join("metrics.jsonl")).unwrap();
+    (metrics.lines())
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// PyTorch's quickstart (`tests/fixtures/quickstart/make_quickstart_curve.py`) from the same
+/// initial weights, on kiln's batches and learning rates (`examples/replay_batches.rs`). Every
+/// epoch, kiln's training loss and validation top-1 must lie within the envelope that float32
+/// rounding alone spreads PyTorch's runs over (float64, channels-last, and twenty runs from
+/// weights one rounding step away), widened to twice its width; the same run at half the
+/// learning rate must leave it, or the band would prove nothing.
+#[test]
+fn the_quickstart_follows_pytorchs_curve_from_the_same_weights_and_batches() {
+    let curve = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/quickstart/curve.json"
+    );
+    let curve: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(curve).unwrap()).unwrap();
+    let envelope = curve["envelope"].as_array().unwrap();
+    let outside = |epochs: &[serde_json::Value]| -> Vec<String> {
+        assert_eq!(epochs.len(), envelope.len());
+        let mut outside = Vec::new();
+        for (epoch, bounds) in epochs.iter().zip(envelope) {
+            for measure in ["train_loss", "val_top1"] {
+                let value = epoch[measure].as_f64().unwrap();
+                let low = bounds[measure][0].as_f64().unwrap();
+                let high = bounds[measure][1].as_f64().unwrap();
+                let margin = (high - low) / 2.0;
+                if value < low - margin || value > high + margin {
+                    outside.push(format!(
+                        "epoch {} {measure} {value:.4}, PyTorch {low:.4}..{high:.4}",
+                        epoch["epoch"]
+                    ));
+                }
+            }
+        }
+        outside
+    };
+    let kiln_run = quickstart_from_pytorchs_weights(&[]);
+    for (epoch, bounds) in kiln_run.iter().zip(envelope) {
+        println!(
+            "epoch {}: train loss {:.4} (PyTorch {}), validation top-1 {:.4} (PyTorch {})",
+            epoch["epoch"],
+            epoch["train_loss"],
+            bounds["train_loss"],
+            epoch["val_top1"],
+            bounds["val_top1"]
+        );
+    }
+    let strayed = outside(&kiln_run);
+    assert!(strayed.is_empty(), "kiln left PyTorch's band: {strayed:#?}");
+    let slower = quickstart_from_pytorchs_weights(&["optimizer.lr=1e-3"]);
+    assert!(
+        !outside(&slower).is_empty(),
+        "half the learning rate stayed within PyTorch's band"
+    );
+}
+
+/// A run checkpointed on flex continues on ndarray: a checkpoint holds the weights and the
+/// optimizer's state apart from any backend.
+#[test]
+fn a_checkpoint_written_on_one_backend_resumes_on_another() {
+    let runs = tempfile::tempdir().unwrap();
+    let runs_dir = format!("logging.runs_dir={}", runs.path().display());
+    let output = kiln(&[
+        "train",
+        "--config",
+        "configs/quickstart.toml",
+        "--backend",
+        "flex",
+        "--set",
+        "data.source={ kind = \"synthetic\", train_size = 22, val_size = 8, image_size = 8, num_classes = 3 }",
+        "--set",
+        "epochs=1",
+        "--set",
+        "batch_size=4",
+        "--set",
+        "model.width=4",
+        "--set",
+        &runs_dir,
+    ]);
+    assert!(output.status.success(), "{:?}", errors(&output));
+    let run = run_dir(runs.path());
+    let resumed = kiln(&[
+        "train",
+        "--resume",
+        &run.to_string_lossy(),
+        "--backend",
+        "ndarray",
+        "--set",
+        "epochs=2",
+    ]);
+    assert!(resumed.status.success(), "{:?}", errors(&resumed));
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let epochs: Vec<serde_json::Value> = (metrics.lines())
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(epochs.len(), 2, "{metrics}");
+    assert_eq!(epochs[1]["iteration"], 12, "{metrics}");
+    assert!(epochs[1]["train_loss"].as_f64().unwrap().is_finite());
+}
+
 #[test]
 fn every_shipped_config_runs_one_iteration_on_synthetic_data() {
     let configs: Vec<PathBuf> =

@@ -83,7 +83,7 @@ fn fixtures(root: &Path) -> anyhow::Result<()> {
     let python = root.join(".venv/bin/python");
     if !python.exists() {
         bail!(
-            "{} is missing: create it with `python3 -m venv .venv && .venv/bin/pip install torch torchvision safetensors`",
+            "{} is missing: create it with `python3 -m venv .venv && .venv/bin/pip install torch torchvision safetensors matplotlib`",
             python.display()
         );
     }
@@ -98,7 +98,29 @@ fn fixtures(root: &Path) -> anyhow::Result<()> {
             &[&script.to_string_lossy()],
         )?;
     }
-    Ok(())
+    // PyTorch's quickstart replays the batches and learning rates of kiln's own loader and
+    // schedule, which an example writes.
+    let batches = root.join("target/quickstart-batches.safetensors");
+    let batches = batches.to_string_lossy();
+    run(
+        root,
+        "cargo",
+        &[
+            "run",
+            "--release",
+            "--example",
+            "replay_batches",
+            "--",
+            "configs/quickstart.toml",
+            &batches,
+        ],
+    )?;
+    let script = root.join("tests/fixtures/quickstart/make_quickstart_curve.py");
+    run(
+        root,
+        &python.to_string_lossy(),
+        &[&script.to_string_lossy(), &batches],
+    )
 }
 
 /// PyTorch's training runs, which `kiln compare --trajectories` follows on every backend (the

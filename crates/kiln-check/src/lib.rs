@@ -4,11 +4,13 @@
 //!   norm statistics and the parameters after optimizer steps, each compared with a reference.
 //! - [`bench`]: training and inference throughput, step time and peak memory, and the same
 //!   figures from PyTorch (written by `xtask/scripts/bench_torch.py`) side by side.
+//! - [`parity`]: one training step of kiln's ResNets against PyTorch's float64 answer.
 //! - [`trajectory`]: whole training runs (50 steps of the trainer's step function) against
 //!   PyTorch's, loss by loss and tensor by tensor.
 
 pub mod bench;
 pub mod compare;
+pub mod parity;
 pub mod trajectory;
 
 use burn::tensor::backend::Backend;

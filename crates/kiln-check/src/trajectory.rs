@@ -359,7 +359,7 @@ pub fn diff(
 }
 
 /// Every tensor of a `.safetensors` file by its key.
-fn read_tensors(path: &Path) -> Result<BTreeMap<String, TensorData>, CheckError> {
+pub(crate) fn read_tensors(path: &Path) -> Result<BTreeMap<String, TensorData>, CheckError> {
     let read_err = |reason: String| CheckError::Read {
         path: path.to_path_buf(),
         reason,

@@ -1,27 +1,23 @@
 //! The training engine on the CPU (flex), on a tiny ResNet and synthetic data: resuming equals
 //! not stopping, checkpoints are never read half-written, and a diverging loss stops the run.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use burn::backend::{Autodiff, Flex};
+use burn::backend::Flex;
 use common::{take_turn, train_on_cpu};
-use kiln_backend::MemoryMeter;
 use kiln_data::Shard;
 use kiln_models::weights;
 use kiln_train::checkpoint::{self, Position};
 use kiln_train::config::Tta;
 use kiln_train::engine::loaders;
-use kiln_train::parallel::Placement;
 use kiln_train::param_groups::selects;
 use kiln_train::run_dir;
 use kiln_train::step::build_model;
 use kiln_train::tensorboard;
-use kiln_train::{
-    EpochSummary, Event, Observer, Outcome, RunDir, Silent, TrainConfig, evaluate, train,
-};
+use kiln_train::{EpochSummary, Event, Observer, Outcome, RunDir, Silent, TrainConfig, evaluate};
 
 const CONFIG: &str = r#"
 name = "tiny"
@@ -619,31 +615,6 @@ fn a_diverging_loss_stops_the_run_and_names_the_last_good_checkpoint() {
     // The good checkpoint is still there and still loads.
     let (path, position) = checkpoint::latest(&run.checkpoints()).unwrap();
     assert!(path.ends_with("epoch-0001") && position.epoch == 1);
-}
-
-#[test]
-fn a_checkpoint_written_on_one_backend_resumes_on_another() {
-    let _turn = take_turn();
-    let runs = tempfile::tempdir().unwrap();
-    let never = AtomicBool::new(false);
-    let first = config(runs.path(), &["epochs = 1"]);
-    let run = RunDir::create(runs.path(), &first).unwrap();
-    train_on_cpu(&first, &run, false, 1, &mut Silent, &never).unwrap();
-
-    let longer = config(runs.path(), &["epochs = 2"]);
-    let outcome = train::<Autodiff<burn::backend::NdArray>>(
-        &longer,
-        &run,
-        true,
-        Placement::single(Default::default()),
-        &mut MemoryMeter::none(),
-        &mut Silent,
-        &never,
-    );
-    assert!(matches!(outcome.unwrap(), Outcome::Finished { .. }));
-    let history = run.history();
-    assert_eq!(history.len(), 2);
-    assert!(history[1].train_loss.is_finite() && history[1].iteration == 12);
 }
 
 /// Frozen parameters, and the running statistics of their batch norms (in eval mode), end as

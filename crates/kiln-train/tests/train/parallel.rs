@@ -5,7 +5,7 @@
 //! image's loss depends on that image alone, and any difference is the engine's. With `sync_bn`
 //! the statistics are the whole batch's again, and training batch norm matches too.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;

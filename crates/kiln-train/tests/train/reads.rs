@@ -137,6 +137,8 @@ fn reads() -> usize {
 
 #[test]
 fn a_training_step_reads_nothing_and_its_figures_come_back_in_one_read() {
+    // Initialising the model draws from flex's process-wide generator, as the engine's runs do.
+    let _turn = crate::common::take_turn();
     let device = Default::default();
     let model = ResNetConfig::new(18)
         .with_width(4)

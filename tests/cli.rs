@@ -322,3 +322,109 @@ fn export_writes_onnx_that_computes_pytorchs_logits() {
         "{lines:?}"
     );
 }
+
+/// README's two commands, `cargo run --release` (the kiln binary) and `cargo test --release
+/// --workspace`, must compile the binary's crates once: every unit of the first in the second,
+/// with the same features and dependencies. A dev-dependency that asks a shared crate for another
+/// feature breaks that silently (the test command then rebuilds burn and kiln, 14 minutes on two
+/// cores); the cure is to ask for the same feature in the root Cargo.toml.
+#[test]
+fn readmes_test_command_reuses_every_crate_its_main_command_builds() {
+    let main = unit_graph(&["build", "--release", "--bin", "kiln"]);
+    let tests = unit_graph(&["test", "--release", "--workspace", "--no-run"]);
+    let shared: std::collections::HashSet<u64> = unit_keys(&tests).into_iter().collect();
+    let keys = unit_keys(&main);
+    let units = main["units"].as_array().unwrap();
+    let apart = |i: &usize| !shared.contains(&keys[*i]);
+    // The causes: units built apart although all their dependencies are shared. Everything that
+    // depends on them is built apart too.
+    let mut causes: Vec<String> = (0..units.len())
+        .filter(apart)
+        .filter(|&i| {
+            let deps = units[i]["dependencies"].as_array().unwrap();
+            !deps
+                .iter()
+                .any(|d| apart(&(d["index"].as_u64().unwrap() as usize)))
+        })
+        .map(|i| describe(&units[i]))
+        .collect();
+    causes.sort();
+    causes.dedup();
+    assert!(
+        causes.is_empty(),
+        "the test command builds {} of the main command's {} units apart, because of these; ask \
+         for the test command's features of them in the root Cargo.toml:\n{}",
+        (0..units.len()).filter(apart).count(),
+        units.len(),
+        causes.join("\n")
+    );
+}
+
+/// `name version (target, mode) features [...]`, for a unit of `cargo --unit-graph`.
+fn describe(unit: &serde_json::Value) -> String {
+    // "registry+...#name@1.2.3", or "path+file:///.../name#1.2.3" for a path package.
+    let id = unit["pkg_id"].as_str().unwrap();
+    let (source, version) = id.rsplit_once('#').unwrap();
+    let package = match version.split_once('@') {
+        Some((name, version)) => format!("{name} {version}"),
+        None => format!("{} {version}", source.rsplit('/').next().unwrap()),
+    };
+    format!(
+        "{package} ({}, {}) features {}",
+        unit["target"]["name"].as_str().unwrap(),
+        unit["mode"].as_str().unwrap(),
+        unit["features"]
+    )
+}
+
+/// Cargo's plan of a command without building it (`--unit-graph`, unstable: allowed here by
+/// `RUSTC_BOOTSTRAP`), in a target folder of its own so that it never waits on this test's.
+fn unit_graph(command: &[&str]) -> serde_json::Value {
+    let target = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+        .args(command)
+        .args(["--locked", "--unit-graph", "-Z", "unstable-options"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("CARGO_TARGET_DIR", target.path())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "cargo {command:?}: {:?}",
+        errors(&output)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// One key per unit that is equal exactly when two units would compile to the same artifact:
+/// package, target, profile, mode and features, and the same of all its dependencies.
+fn unit_keys(graph: &serde_json::Value) -> Vec<u64> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    fn key(units: &[serde_json::Value], i: usize, keys: &mut Vec<Option<u64>>) -> u64 {
+        if let Some(k) = keys[i] {
+            return k;
+        }
+        let unit = &units[i];
+        let mut deps: Vec<u64> = unit["dependencies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| key(units, d["index"].as_u64().unwrap() as usize, keys))
+            .collect();
+        deps.sort_unstable();
+        let mut hasher = DefaultHasher::new();
+        for field in [
+            "pkg_id", "target", "profile", "mode", "features", "platform",
+        ] {
+            unit[field].to_string().hash(&mut hasher);
+        }
+        deps.hash(&mut hasher);
+        let k = hasher.finish();
+        keys[i] = Some(k);
+        k
+    }
+    let units = graph["units"].as_array().unwrap();
+    let mut keys = vec![None; units.len()];
+    (0..units.len()).map(|i| key(units, i, &mut keys)).collect()
+}

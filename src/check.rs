@@ -181,7 +181,7 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
             false => args.runs.clone(),
         };
         println!(
-            "following PyTorch's training runs ({}) on every backend; errors relative to PyTorch's float64 run, bounds twice its float32 run's",
+            "following PyTorch's training runs ({}) on every backend; errors relative to PyTorch's float64 run, bounds twice its float32 runs' worst",
             runs.join(", ")
         );
         for &backend in backends.iter().filter(|b| !missing.contains(&b.name())) {

@@ -425,16 +425,16 @@ fn trajectories() -> trajectory::Fixture {
     trajectory::Fixture::load(std::path::Path::new(dir)).unwrap()
 }
 
-/// How far kiln may be from PyTorch's float64 run in the first ten steps: every loss, and every
-/// parameter relative to its update after the tenth. Past the first ten, these narrow networks
-/// are chaotic in float32 (PyTorch's own float32 run from weights one rounding away from the
-/// stored ones ends 1e-1 away on the ResNet-18 SGD run), so the later steps are reported, not
-/// bounded here; see README, "Training runs against PyTorch".
+/// How far ndarray may be from PyTorch's float64 run on the ResNet-50 runs, where it does not yet
+/// keep PyTorch's bounds past them (see README, "Training runs against PyTorch"): every loss of
+/// the first ten steps, and every parameter relative to its update after the tenth.
 const FIRST_LOSSES: f64 = 1e-6;
 const TENTH_PARAMETERS: f64 = 1e-4;
 
-/// Every run's learning rates and step counts are PyTorch's on both CPU backends, and its first
-/// ten steps follow PyTorch's float64 run closely; the rest is printed.
+/// Every run follows PyTorch's over all its 50 steps: every loss, and every parameter and buffer
+/// at steps 10 and 50, within twice the worst of PyTorch's own float32 runs (never looser than
+/// 1e-3), every learning rate and step count PyTorch's. On flex every run; on ndarray the
+/// ResNet-18 runs, and the ResNet-50 runs' first ten steps.
 #[test]
 fn flex_and_ndarray_follow_pytorchs_training_runs_step_by_step() {
     let fixture = trajectories();
@@ -449,12 +449,16 @@ fn flex_and_ndarray_follow_pytorchs_training_runs_step_by_step() {
         ] {
             let diff = trajectory::diff(&fixture, run, &setup, &trained).unwrap();
             println!("{backend} {run}: {}", summary(&diff));
-            assert!(diff.schedule <= 1e-9, "{backend} {run}: {diff:#?}");
-            assert!(diff.counters_exact, "{backend} {run}: {diff:#?}");
-            let first = first_losses(&trained, reference);
-            assert!(first <= FIRST_LOSSES, "{backend} {run}: {first:.1e}");
-            let tenth = diff.parameters[&10].error;
-            assert!(tenth <= TENTH_PARAMETERS, "{backend} {run}: {diff:#?}");
+            if backend == "ndarray" && run.starts_with("resnet50") {
+                assert!(diff.schedule <= 1e-9, "{backend} {run}: {diff:#?}");
+                assert!(diff.counters_exact, "{backend} {run}: {diff:#?}");
+                let first = first_losses(&trained, reference);
+                assert!(first <= FIRST_LOSSES, "{backend} {run}: {first:.1e}");
+                let tenth = diff.parameters[&10].error;
+                assert!(tenth <= TENTH_PARAMETERS, "{backend} {run}: {diff:#?}");
+            } else {
+                assert!(diff.passed(), "{backend} {run}: {diff:#?}");
+            }
         }
     }
 }
@@ -488,7 +492,7 @@ fn summary(diff: &trajectory::RunDiff) -> String {
     )
 }
 
-/// A wrong optimizer or schedule, each small, lands far outside what the first ten steps allow:
+/// A wrong optimizer or schedule, each small, lands ten times outside PyTorch's bound by step 10:
 /// what the comparison proves is not loose.
 #[test]
 fn a_missing_weight_decay_a_wrong_dampening_or_a_schedule_one_step_off_fails() {
@@ -509,10 +513,10 @@ fn a_missing_weight_decay_a_wrong_dampening_or_a_schedule_one_step_off_fails() {
     ] {
         let trained = train(Backend::Flex, &fixture, run, &setup);
         let diff = trajectory::diff(&fixture, run, &setup, &trained).unwrap();
-        let tenth = diff.parameters[&10].error;
+        let tenth = &diff.parameters[&10];
         assert!(
-            tenth > 10.0 * TENTH_PARAMETERS,
-            "{name}: {tenth:.1e} at step 10: {diff:#?}"
+            tenth.error > 10.0 * tenth.bound,
+            "{name}: {tenth:?} at step 10: {diff:#?}"
         );
         assert!(!diff.trajectory_passed(), "{name} passed: {diff:#?}");
     }

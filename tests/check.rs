@@ -425,9 +425,10 @@ fn trajectories() -> trajectory::Fixture {
     trajectory::Fixture::load(std::path::Path::new(dir)).unwrap()
 }
 
-/// How far ndarray may be from PyTorch's float64 run on the ResNet-50 runs, where it does not yet
-/// keep PyTorch's bounds past them (see README, "Training runs against PyTorch"): every loss of
-/// the first ten steps, and every parameter relative to its update after the tenth.
+/// How far kiln may be from PyTorch's float64 run in the first ten steps, on every run: every
+/// loss; and on ndarray's ResNet-50 runs, where it does not yet keep PyTorch's bounds (see
+/// README, "Training runs against PyTorch"), every parameter relative to its update after the
+/// tenth.
 const FIRST_LOSSES: f64 = 1e-6;
 const TENTH_PARAMETERS: f64 = 1e-4;
 
@@ -449,11 +450,11 @@ fn flex_and_ndarray_follow_pytorchs_training_runs_step_by_step() {
         ] {
             let diff = trajectory::diff(&fixture, run, &setup, &trained).unwrap();
             println!("{backend} {run}: {}", summary(&diff));
+            let first = first_losses(&trained, reference);
+            assert!(first <= FIRST_LOSSES, "{backend} {run}: {first:.1e}");
             if backend == "ndarray" && run.starts_with("resnet50") {
                 assert!(diff.schedule <= 1e-9, "{backend} {run}: {diff:#?}");
                 assert!(diff.counters_exact, "{backend} {run}: {diff:#?}");
-                let first = first_losses(&trained, reference);
-                assert!(first <= FIRST_LOSSES, "{backend} {run}: {first:.1e}");
                 let tenth = diff.parameters[&10].error;
                 assert!(tenth <= TENTH_PARAMETERS, "{backend} {run}: {diff:#?}");
             } else {
@@ -492,8 +493,8 @@ fn summary(diff: &trajectory::RunDiff) -> String {
     )
 }
 
-/// A wrong optimizer or schedule, each small, lands ten times outside PyTorch's bound by step 10:
-/// what the comparison proves is not loose.
+/// A wrong optimizer or schedule, each small, lands ten times outside PyTorch's bound by step 10,
+/// and more than 1e-3 of the update away: what the comparison proves is not loose.
 #[test]
 fn a_missing_weight_decay_a_wrong_dampening_or_a_schedule_one_step_off_fails() {
     let fixture = trajectories();
@@ -515,7 +516,7 @@ fn a_missing_weight_decay_a_wrong_dampening_or_a_schedule_one_step_off_fails() {
         let diff = trajectory::diff(&fixture, run, &setup, &trained).unwrap();
         let tenth = &diff.parameters[&10];
         assert!(
-            tenth.error > 10.0 * tenth.bound,
+            tenth.error > 10.0 * tenth.bound && tenth.error > 10.0 * TENTH_PARAMETERS,
             "{name}: {tenth:?} at step 10: {diff:#?}"
         );
         assert!(!diff.trajectory_passed(), "{name} passed: {diff:#?}");

@@ -426,16 +426,14 @@ fn trajectories() -> trajectory::Fixture {
 }
 
 /// How far kiln may be from PyTorch's float64 run in the first ten steps, on every run: every
-/// loss; and on ndarray's ResNet-50 runs, where it does not yet keep PyTorch's bounds (see
-/// README, "Training runs against PyTorch"), every parameter relative to its update after the
+/// loss; and (for the deliberate errors below) every parameter relative to its update after the
 /// tenth.
 const FIRST_LOSSES: f64 = 1e-6;
 const TENTH_PARAMETERS: f64 = 1e-4;
 
 /// Every run follows PyTorch's over all its 50 steps: every loss, and every parameter and buffer
 /// at steps 10 and 50, within twice the worst of PyTorch's own float32 runs (never looser than
-/// 1e-3), every learning rate and step count PyTorch's. On flex every run; on ndarray the
-/// ResNet-18 runs, and the ResNet-50 runs' first ten steps.
+/// 1e-3), every learning rate and step count PyTorch's. On flex and ndarray, every run.
 #[test]
 fn flex_and_ndarray_follow_pytorchs_training_runs_step_by_step() {
     let fixture = trajectories();
@@ -452,14 +450,7 @@ fn flex_and_ndarray_follow_pytorchs_training_runs_step_by_step() {
             println!("{backend} {run}: {}", summary(&diff));
             let first = first_losses(&trained, reference);
             assert!(first <= FIRST_LOSSES, "{backend} {run}: {first:.1e}");
-            if backend == "ndarray" && run.starts_with("resnet50") {
-                assert!(diff.schedule <= 1e-9, "{backend} {run}: {diff:#?}");
-                assert!(diff.counters_exact, "{backend} {run}: {diff:#?}");
-                let tenth = diff.parameters[&10].error;
-                assert!(tenth <= TENTH_PARAMETERS, "{backend} {run}: {diff:#?}");
-            } else {
-                assert!(diff.passed(), "{backend} {run}: {diff:#?}");
-            }
+            assert!(diff.passed(), "{backend} {run}: {diff:#?}");
         }
     }
 }

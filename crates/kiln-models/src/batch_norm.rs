@@ -98,7 +98,8 @@ impl<B: Backend> BatchNorm2d<B> {
 
         self.update_running_stats(mean, var.clone(), count);
 
-        // A division, not `recip()`: burn-ndarray's reciprocal is approximate (1e-4 off).
+        // A division, not `recip()`: burn-ndarray 0.21's reciprocal is approximate (kiln patches
+        // it, `patches/burn-ndarray`; the division stays right with the published crate too).
         let scale = self.weight.val().reshape([1, c]) / (var + self.eps).sqrt();
         let y = centered * per_row(scale, n) + per_row(self.bias.val().reshape([1, c]), n);
         y.reshape([n, c, h, w])

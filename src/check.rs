@@ -118,74 +118,77 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
         }
     }
 
-    println!(
-        "comparing {} (width {}, {} stem, {} classes) on {} images of {}x{}, {} optimizer steps; reference {reference}",
-        spec.model.name(),
-        spec.model.width,
-        format!("{:?}", spec.model.stem).to_lowercase(),
-        spec.model.num_classes,
-        spec.batch,
-        spec.image_size,
-        spec.image_size,
-        spec.steps
-    );
-    let weights =
-        std::env::temp_dir().join(format!("kiln-compare-{}.safetensors", std::process::id()));
-    let expected = run_on(
-        &resolved,
-        SaveAndCapture {
-            spec: spec.clone(),
-            weights: weights.clone(),
-            save: true,
-        },
-    )??;
+    // Fails here, before any training, if the folder is not a fixture or lacks a run asked for.
+    let trajectories = match &args.trajectories {
+        Some(dir) => Some((dir, trajectory_runs(dir, &args.runs)?)),
+        None => None,
+    };
+    let others: Vec<Backend> = backends
+        .iter()
+        .copied()
+        .filter(|b| *b != reference)
+        .collect();
+    if others.is_empty() && trajectories.is_none() {
+        bail!(
+            "nothing to compare: --backends names only the reference, {reference}; name another backend, or pass --trajectories to follow PyTorch's training runs"
+        );
+    }
+
     let mut results = Vec::new();
     let mut failed = false;
     let mut missing = Vec::new();
-    for backend in backends.iter().copied().filter(|b| *b != reference) {
-        let outcome = capture_on(backend, &probe, &spec, &weights, false).map(|actual| {
-            let tolerances = if backend == Backend::Cuda {
-                Tolerances::tensor_cores()
-            } else {
-                Tolerances::float32()
-            };
-            compare::diff(&expected, &actual, &tolerances)
-        });
-        print_outcome(backend.name(), &outcome);
-        failed |= match &outcome {
-            Outcome::Compared(diffs) => diffs.iter().any(|d| !d.passed),
-            Outcome::Failed(_) => true,
-            Outcome::Skipped(_) => {
-                missing.push(backend.name());
-                false
-            }
+    // The reference's step is captured only for backends to compare with it.
+    let weights =
+        std::env::temp_dir().join(format!("kiln-compare-{}.safetensors", std::process::id()));
+    if !others.is_empty() {
+        println!(
+            "comparing {} (width {}, {} stem, {} classes) on {} images of {}x{}, {} optimizer steps; reference {reference}",
+            spec.model.name(),
+            spec.model.width,
+            format!("{:?}", spec.model.stem).to_lowercase(),
+            spec.model.num_classes,
+            spec.batch,
+            spec.image_size,
+            spec.image_size,
+            spec.steps
+        );
+        let save = SaveAndCapture {
+            spec: spec.clone(),
+            weights: weights.clone(),
+            save: true,
         };
-        results.push(serde_json::json!({ "backend": backend.name(), "result": outcome }));
+        let expected = run_on(&resolved, save)??;
+        for &backend in &others {
+            let outcome = capture_on(backend, &probe, &spec, &weights, false).map(|actual| {
+                let tolerances = if backend == Backend::Cuda {
+                    Tolerances::tensor_cores()
+                } else {
+                    Tolerances::float32()
+                };
+                compare::diff(&expected, &actual, &tolerances)
+            });
+            print_outcome(backend.name(), &outcome);
+            failed |= match &outcome {
+                Outcome::Compared(diffs) => diffs.iter().any(|d| !d.passed),
+                Outcome::Failed(_) => true,
+                Outcome::Skipped(_) => {
+                    missing.push(backend.name());
+                    false
+                }
+            };
+            results.push(serde_json::json!({ "backend": backend.name(), "result": outcome }));
+        }
     }
     let _ = std::fs::remove_file(&weights);
     let mut followed = Vec::new();
     let mut strayed = false;
-    if let Some(dir) = &args.trajectories {
-        // Fails here, once, if the folder is not a fixture or lacks a run asked for.
-        let fixture = Fixture::load(dir)?;
-        let known: Vec<&str> = fixture.runs().map(|(name, _)| name).collect();
-        if let Some(unknown) = args.runs.iter().find(|r| !known.contains(&r.as_str())) {
-            bail!(
-                "{} has no run `{unknown}`; it has {}",
-                dir.display(),
-                known.join(", ")
-            );
-        }
-        let runs: Vec<String> = match args.runs.is_empty() {
-            true => known.iter().map(|r| r.to_string()).collect(),
-            false => args.runs.clone(),
-        };
+    if let Some((dir, runs)) = &trajectories {
         println!(
             "following PyTorch's training runs ({}) on every backend; errors relative to PyTorch's float64 run, bounds twice its float32 runs' worst",
             runs.join(", ")
         );
         for &backend in backends.iter().filter(|b| !missing.contains(&b.name())) {
-            let outcome = follow_on(backend, &probe, dir, &runs);
+            let outcome = follow_on(backend, &probe, dir, runs);
             print_trajectories(backend.name(), &outcome);
             strayed |= match &outcome {
                 Outcome::Compared(diffs) => diffs.iter().any(|d| !d.passed()),
@@ -221,11 +224,30 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
             if missing.len() == 1 { "it" } else { "they" }
         );
     }
-    println!("all compared backends agree with {reference} within tolerance");
-    if args.trajectories.is_some() {
+    if !others.is_empty() {
+        println!("all compared backends agree with {reference} within tolerance");
+    }
+    if trajectories.is_some() {
         println!("and every backend followed PyTorch's training runs within bounds");
     }
     Ok(())
+}
+
+/// The runs of the fixture in `dir` to follow: those asked for, or all of them.
+fn trajectory_runs(dir: &Path, asked: &[String]) -> anyhow::Result<Vec<String>> {
+    let fixture = Fixture::load(dir)?;
+    let known: Vec<&str> = fixture.runs().map(|(name, _)| name).collect();
+    if let Some(unknown) = asked.iter().find(|r| !known.contains(&r.as_str())) {
+        bail!(
+            "{} has no run `{unknown}`; it has {}",
+            dir.display(),
+            known.join(", ")
+        );
+    }
+    Ok(match asked.is_empty() {
+        true => known.iter().map(|r| r.to_string()).collect(),
+        false => asked.to_vec(),
+    })
 }
 
 /// What happened to one backend.

@@ -79,6 +79,18 @@ fn compare_without_its_reference_backend_says_so_in_one_line() {
 }
 
 #[test]
+fn compare_with_only_its_reference_and_no_trajectories_has_nothing_to_compare() {
+    let output = kiln(&["compare", "--backends", "flex"]);
+    assert!(!output.status.success());
+    let errors = errors(&output);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("nothing to compare") && errors[0].contains("--trajectories"),
+        "{errors:?}"
+    );
+}
+
+#[test]
 fn bench_prints_kiln_beside_the_pytorch_figures_it_is_given() {
     let dir = tempfile::tempdir().unwrap();
     let reference = dir.path().join("torch.json");
@@ -171,6 +183,8 @@ fn compare_follows_pytorchs_training_run_and_names_a_folder_that_is_not_one() {
     args.extend(["--runs", "resnet18_sgd", "--json", json.to_str().unwrap()]);
     let output = kiln(&args);
     let stdout = String::from_utf8_lossy(&output.stdout);
+    // One backend: nothing to compare it with, so no one-step comparison runs before the runs.
+    assert!(!stdout.contains("comparing "), "{stdout}");
     for row in [
         "losses (every step)",
         "parameters at step 50",

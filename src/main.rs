@@ -1,5 +1,6 @@
 //! The `kiln` command line: parse, pick the backend, call one library function.
 
+mod cpu;
 mod devices;
 mod plan;
 mod predict;
@@ -127,6 +128,8 @@ fn main() -> ExitCode {
     unsafe { kiln_backend::quiet_headless_vulkan() };
     install_logger();
     install_panic_hook();
+    cpu::keep_freed_memory();
+    cpu::join_compute_pool();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Devices(args) => devices::run(args.backend, &args.devices),

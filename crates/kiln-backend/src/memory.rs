@@ -79,6 +79,12 @@ impl MemoryMeter {
     pub fn reset_peak(&mut self) {
         self.peak = None;
         if let Source::Process = self.source {
+            // Freed memory the allocator keeps for later steps would count in the new stretch.
+            // SAFETY: `malloc_trim` only returns free memory to the system.
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
+            unsafe {
+                libc::malloc_trim(0);
+            }
             // Writing 5 resets VmHWM to the current resident set (Linux 4.0 and later).
             let _ = std::fs::write("/proc/self/clear_refs", "5");
         }

@@ -43,6 +43,31 @@ pub(crate) fn conv2d<B: Backend>(
     same(train_conv2d(x, weight, options.clone()))
 }
 
+/// kiln's batch norm in training when `B` is flex under autodiff and every tensor is f32.
+pub(crate) fn batch_norm_train<B: Backend>(
+    x: &Tensor<B, 4>,
+    weight: &Tensor<B, 1>,
+    bias: &Tensor<B, 1>,
+    eps: f64,
+) -> Option<(Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>)> {
+    if [x.dtype(), weight.dtype(), bias.dtype()] != [DType::F32; 3] {
+        return None;
+    }
+    let x = same::<_, Tensor<Train, 4>>(x.clone())?;
+    let weight = same::<_, Tensor<Train, 1>>(weight.clone())?;
+    let bias = same::<_, Tensor<Train, 1>>(bias.clone())?;
+    let device = x.device();
+    let (y, mean, var) = crate::batch_norm::train(x, weight, bias, eps);
+    let stat = |values: Vec<f32>| {
+        let len = values.len();
+        same(Tensor::<Train, 1>::from_data(
+            TensorData::new(values, [len]),
+            &device,
+        ))
+    };
+    Some((same(y)?, stat(mean)?, stat(var)?))
+}
+
 /// `value` as a `U` when `T` and `U` are the same type (how a generic caller reaches a
 /// backend-specific path without a trait bound that every model would have to carry).
 fn same<T: 'static, U: 'static>(value: T) -> Option<U> {
@@ -130,12 +155,12 @@ fn forward(
     primitive(y, y_shape)
 }
 
-fn dims(tensor: &FloatTensor<Flex>) -> [usize; 4] {
+pub(crate) fn dims(tensor: &FloatTensor<Flex>) -> [usize; 4] {
     tensor.shape().dims()
 }
 
 /// The tensor's values in row-major order, without a copy where it is laid out so already.
-fn values(tensor: &FloatTensor<Flex>) -> std::borrow::Cow<'_, [f32]> {
+pub(crate) fn values(tensor: &FloatTensor<Flex>) -> std::borrow::Cow<'_, [f32]> {
     let contiguous = tensor.to_contiguous();
     if std::ptr::eq(contiguous.storage::<f32>(), tensor.storage::<f32>()) {
         std::borrow::Cow::Borrowed(tensor.storage())
@@ -144,7 +169,7 @@ fn values(tensor: &FloatTensor<Flex>) -> std::borrow::Cow<'_, [f32]> {
     }
 }
 
-fn primitive(values: Vec<f32>, shape: [usize; 4]) -> FloatTensor<Flex> {
+pub(crate) fn primitive(values: Vec<f32>, shape: [usize; 4]) -> FloatTensor<Flex> {
     Tensor::<Flex, 4>::from_data(TensorData::new(values, shape), &Default::default())
         .into_primitive()
         .tensor()

@@ -12,6 +12,8 @@
 //! groups). `docs/performance.md` has the measurements.
 
 #[cfg(feature = "flex")]
+mod batch_norm;
+#[cfg(feature = "flex")]
 mod flex;
 #[cfg(feature = "flex")]
 mod gemm_conv;
@@ -33,6 +35,25 @@ pub fn conv2d<B: Backend>(
         return y;
     }
     module::conv2d(x, weight, None, options)
+}
+
+/// Batch normalization in training (`torch.nn.functional.batch_norm(x, None, None, weight, bias,
+/// training=True, eps=eps)`) as one operation where kiln has a kernel for it (flex under
+/// autodiff, f32): the output, and the batch's mean and biased variance per channel (`[C]`,
+/// untracked, for the running statistics). `None` elsewhere, for the caller to compose from
+/// burn's operations.
+pub fn batch_norm_train<B: Backend>(
+    x: &Tensor<B, 4>,
+    weight: &Tensor<B, 1>,
+    bias: &Tensor<B, 1>,
+    eps: f64,
+) -> Option<(Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>)> {
+    #[cfg(feature = "flex")]
+    if enabled() {
+        return flex::batch_norm_train(x, weight, bias, eps);
+    }
+    let _ = (x, weight, bias, eps);
+    None
 }
 
 /// `KILN_KERNELS=burn` turns kiln's kernels off, for measuring against burn's or ruling them out.

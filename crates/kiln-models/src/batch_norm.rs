@@ -77,6 +77,14 @@ impl<B: Backend> BatchNorm2d<B> {
     /// Normalizes with the batch's statistics and folds them into the running ones.
     fn forward_train(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let [n, c, h, w] = x.dims();
+        // One fused operation where kiln has one (the CPU backend), unless synchronized.
+        if synced::<B>().is_none()
+            && let Some((y, mean, var)) =
+                kiln_kernels::batch_norm_train(&x, &self.weight.val(), &self.bias.val(), self.eps)
+        {
+            self.update_running_stats(mean.reshape([1, c]), var.reshape([1, c]), n * h * w);
+            return y;
+        }
         let rows = x.reshape([n * c, h * w]);
 
         let (mean, centered, var, count) = match synced::<B>() {

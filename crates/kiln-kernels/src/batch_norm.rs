@@ -1,0 +1,316 @@
+//! Batch normalization in training as one operation on `Autodiff<Flex>`: two passes over the
+//! input forward (the statistics, then the output) and two backward (the sums, then the input's
+//! gradient), where burn's operations take about a dozen forward and twice that backward, each
+//! allocating its result and recording a graph node. On the quickstart's small maps the cost per
+//! operation, not the arithmetic, is what the step spends.
+//!
+//! Per-channel sums accumulate in f64, so the statistics are those of the exact arithmetic to
+//! f32's precision whatever the batch and map size.
+
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use rayon::prelude::*;
+
+use crate::flex::{dims, primitive, values};
+
+type Train = Autodiff<Flex>;
+
+/// Elements a parallel task gets at least: below this, handing work to another thread costs
+/// more than it saves.
+const MIN_TASK: usize = 1 << 14;
+
+/// Training-mode batch norm of `x` (`[N, C, H, W]`) with `weight` and `bias` (`[C]`); returns
+/// the output and the batch's mean and biased variance per channel (`[C]`, untracked).
+pub(crate) fn train(
+    x: Tensor<Train, 4>,
+    weight: Tensor<Train, 1>,
+    bias: Tensor<Train, 1>,
+    eps: f64,
+) -> (Tensor<Train, 4>, Vec<f32>, Vec<f32>) {
+    let x = x.into_primitive().tensor();
+    let weight = weight.into_primitive().tensor();
+    let bias = bias.into_primitive().tensor();
+    let shape = dims(&x.primitive);
+    let stats = Stats::new(&values(&x.primitive), shape, eps);
+    let gamma = values1(&weight.primitive);
+    let beta = values1(&bias.primitive);
+    let y = primitive(stats.normalize(&values(&x.primitive), &gamma, &beta), shape);
+    let (mean, var) = (stats.mean_f32(), stats.var_f32());
+    let y = match BatchNormBackward
+        .prepare::<NoCheckpointing>([x.node.clone(), weight.node.clone(), bias.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(mut prep) => {
+            let x_state = prep.checkpoint(&x);
+            prep.finish((x_state, stats, gamma), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    (Tensor::from_primitive(TensorPrimitive::Float(y)), mean, var)
+}
+
+/// A `[C]` tensor's values.
+fn values1(tensor: &FloatTensor<Flex>) -> Vec<f32> {
+    values(tensor).into_owned()
+}
+
+/// The batch's statistics per channel, and the shape they were taken over.
+#[derive(Clone, Debug)]
+struct Stats {
+    shape: [usize; 4],
+    mean: Vec<f64>,
+    var: Vec<f64>,
+    /// `1 / sqrt(var + eps)`.
+    inv_std: Vec<f64>,
+}
+
+impl Stats {
+    /// Mean, then the mean squared distance from it (two passes: no cancellation).
+    fn new(x: &[f32], shape: [usize; 4], eps: f64) -> Self {
+        let [n, c, h, w] = shape;
+        let count = (n * h * w).max(1) as f64;
+        let per_channel = |f: &(dyn Fn(usize) -> f64 + Sync)| -> Vec<f64> {
+            (0..c)
+                .into_par_iter()
+                .with_min_len(tasks_of(n * h * w))
+                .map(f)
+                .collect()
+        };
+        let mean = per_channel(&|ch| {
+            planes(x, shape, ch)
+                .map(|p| p.iter().map(|&v| f64::from(v)).sum::<f64>())
+                .sum::<f64>()
+                / count
+        });
+        let var = per_channel(&|ch| {
+            let m = mean[ch];
+            planes(x, shape, ch)
+                .map(|p| p.iter().map(|&v| (f64::from(v) - m).powi(2)).sum::<f64>())
+                .sum::<f64>()
+                / count
+        });
+        let inv_std = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
+        Self {
+            shape,
+            mean,
+            var,
+            inv_std,
+        }
+    }
+
+    fn mean_f32(&self) -> Vec<f32> {
+        self.mean.iter().map(|&v| v as f32).collect()
+    }
+
+    fn var_f32(&self) -> Vec<f32> {
+        self.var.iter().map(|&v| v as f32).collect()
+    }
+
+    /// `(x - mean) * (weight / sqrt(var + eps)) + bias`.
+    fn normalize(&self, x: &[f32], weight: &[f32], bias: &[f32]) -> Vec<f32> {
+        let [_, c, h, w] = self.shape;
+        let scale: Vec<f32> = (0..c)
+            .map(|ch| (f64::from(weight[ch]) * self.inv_std[ch]) as f32)
+            .collect();
+        let mut y = vec![0.0f32; x.len()];
+        for_each_plane(&mut y, h * w, |index, out| {
+            let ch = index % c;
+            let (m, s, b) = (self.mean[ch] as f32, scale[ch], bias[ch]);
+            let input = &x[index * h * w..][..h * w];
+            for (o, &v) in out.iter_mut().zip(input) {
+                *o = (v - m) * s + b;
+            }
+        });
+        y
+    }
+}
+
+/// Channel `ch`'s plane of every image.
+fn planes(x: &[f32], [n, c, h, w]: [usize; 4], ch: usize) -> impl Iterator<Item = &[f32]> {
+    (0..n).map(move |k| &x[(k * c + ch) * h * w..][..h * w])
+}
+
+/// Runs `f(index, plane)` over `out`'s `[N * C]` planes of `plane` elements, in parallel where
+/// there is enough work.
+fn for_each_plane(out: &mut [f32], plane: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    if plane == 0 {
+        return;
+    }
+    out.par_chunks_mut(plane)
+        .with_min_len(tasks_of(plane))
+        .enumerate()
+        .for_each(|(index, chunk)| f(index, chunk));
+}
+
+/// How many items of `size` elements make a task of at least [`MIN_TASK`].
+fn tasks_of(size: usize) -> usize {
+    (MIN_TASK / size.max(1)).max(1)
+}
+
+#[derive(Debug)]
+struct BatchNormBackward;
+
+impl Backward<Flex, 3> for BatchNormBackward {
+    /// The input's checkpoint, the statistics and the weight's values.
+    type State = (NodeId, Stats, Vec<f32>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let [x_node, weight_node, bias_node] = ops.parents;
+        let dy = grads.consume::<Flex>(&ops.node);
+        let (x_state, stats, weight) = ops.state;
+        let x = checkpointer.retrieve_node_output::<FloatTensor<Flex>>(x_state);
+        let (x, dy) = (values(&x), values(&dy));
+        let [n, c, h, w] = stats.shape;
+        let count = (n * h * w).max(1) as f64;
+
+        // Per channel: the sum of dy, and of dy times the normalized input.
+        let sums: Vec<(f64, f64)> = (0..c)
+            .into_par_iter()
+            .with_min_len(tasks_of(n * h * w))
+            .map(|ch| {
+                let (m, s) = (stats.mean[ch], stats.inv_std[ch]);
+                planes(&x, stats.shape, ch)
+                    .zip(planes(&dy, stats.shape, ch))
+                    .fold((0.0, 0.0), |(sum, dot), (xs, dys)| {
+                        xs.iter().zip(dys).fold((sum, dot), |(sum, dot), (&v, &g)| {
+                            let g = f64::from(g);
+                            (sum + g, dot + g * (f64::from(v) - m) * s)
+                        })
+                    })
+            })
+            .collect();
+
+        if let Some(node) = x_node {
+            // dx = weight * inv_std * (dy - mean(dy) - x_hat * mean(dy * x_hat)).
+            let mut dx = vec![0.0f32; x.len()];
+            for_each_plane(&mut dx, h * w, |index, out| {
+                let ch = index % c;
+                let (m, s) = (stats.mean[ch] as f32, stats.inv_std[ch] as f32);
+                let a = (f64::from(weight[ch]) * stats.inv_std[ch]) as f32;
+                let mean_dy = (sums[ch].0 / count) as f32;
+                let mean_dot = (sums[ch].1 / count) as f32;
+                let input = &x[index * h * w..][..h * w];
+                let grad = &dy[index * h * w..][..h * w];
+                for ((o, &v), &g) in out.iter_mut().zip(input).zip(grad) {
+                    *o = a * (g - mean_dy - (v - m) * s * mean_dot);
+                }
+            });
+            grads.register::<Flex>(node.id, primitive(dx, stats.shape));
+        }
+        let per_channel = |pick: fn(&(f64, f64)) -> f64| -> FloatTensor<Flex> {
+            let values: Vec<f32> = sums.iter().map(|s| pick(s) as f32).collect();
+            Tensor::<Flex, 1>::from_data(TensorData::new(values, [c]), &Default::default())
+                .into_primitive()
+                .tensor()
+        };
+        if let Some(node) = weight_node {
+            grads.register::<Flex>(node.id, per_channel(|s| s.1));
+        }
+        if let Some(node) = bias_node {
+            grads.register::<Flex>(node.id, per_channel(|s| s.0));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Tensor, TensorData, Tolerance};
+
+    use super::Train;
+
+    /// The output, statistics and all three gradients against burn's operations composed as
+    /// kiln-models composed them before: 1x1 maps, a batch of one, channel counts that are not
+    /// a multiple of the vector width, and maps large enough to split over threads.
+    #[test]
+    fn batch_norm_matches_burns_operations() {
+        let eps = 1e-5;
+        for shape in [
+            [2, 3, 1, 1],
+            [1, 5, 3, 3],
+            [4, 17, 5, 7],
+            [8, 16, 8, 8],
+            [3, 20, 41, 40],
+        ] {
+            let [n, c, h, w] = shape;
+            let x = fixed(shape, 1, 0.5);
+            let weight: Tensor<Train, 1> = fixed([c], 2, 1.0);
+            let bias: Tensor<Train, 1> = fixed([c], 3, 0.0);
+            let loss_weights: Tensor<Train, 4> = fixed(shape, 4, 0.0);
+            let run = |ours: bool| {
+                let (x, weight, bias) = (
+                    x.clone().require_grad(),
+                    weight.clone().require_grad(),
+                    bias.clone().require_grad(),
+                );
+                let (y, mean, var) = if ours {
+                    let (y, mean, var) = super::train(x.clone(), weight.clone(), bias.clone(), eps);
+                    let stat = |v: Vec<f32>| TensorData::new(v, [c]);
+                    (y, stat(mean), stat(var))
+                } else {
+                    let per_channel = |t: Tensor<Train, 4>| t.mean_dim(0).mean_dim(2).mean_dim(3);
+                    let mean = per_channel(x.clone());
+                    let centered = x.clone() - mean.clone();
+                    let var = per_channel(centered.clone().square());
+                    let y = centered / (var.clone() + eps).sqrt()
+                        * weight.clone().reshape([1, c, 1, 1])
+                        + bias.clone().reshape([1, c, 1, 1]);
+                    let stat = |t: Tensor<Train, 4>| t.reshape([c]).into_data();
+                    (y, stat(mean), stat(var))
+                };
+                let grads = (y.clone() * loss_weights.clone()).sum().backward();
+                [
+                    y.into_data(),
+                    mean,
+                    var,
+                    x.grad(&grads).unwrap().into_data(),
+                    weight.grad(&grads).unwrap().into_data(),
+                    bias.grad(&grads).unwrap().into_data(),
+                ]
+            };
+            let names = ["output", "mean", "variance", "dx", "dweight", "dbias"];
+            let tolerance = Tolerance::<f32>::rel_abs(1e-4, 1e-4);
+            for ((ours, reference), name) in run(true).iter().zip(run(false)).zip(names) {
+                println!("{shape:?} {name}");
+                ours.assert_approx_eq(&reference, tolerance);
+            }
+            let _ = (n, h, w);
+        }
+    }
+
+    /// A batch norm whose input needs no gradient still gives the weight's and bias's.
+    #[test]
+    fn an_untracked_input_still_trains_the_affine_weights() {
+        let x: Tensor<Train, 4> = fixed([2, 3, 4, 4], 5, 0.0);
+        let weight = fixed::<1>([3], 6, 1.0).require_grad();
+        let bias = fixed::<1>([3], 7, 0.0).require_grad();
+        let (y, _, _) = super::train(x, weight.clone(), bias.clone(), 1e-5);
+        let grads = (y.clone() * y).sum().backward();
+        assert!(weight.grad(&grads).is_some());
+        assert!(bias.grad(&grads).is_some());
+    }
+
+    /// Deterministic values in `[offset - 1, offset + 1)`, different for each `seed`.
+    fn fixed<const D: usize>(shape: [usize; D], seed: u64, offset: f32) -> Tensor<Train, D> {
+        let count = shape.iter().product::<usize>();
+        let values: Vec<f32> = (0..count as u64)
+            .map(|i| {
+                let v = (i + 1)
+                    .wrapping_mul(0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xD1B5_4A32_D192_ED03));
+                (v >> 40) as f32 / (1u64 << 23) as f32 - 1.0 + offset
+            })
+            .collect();
+        Tensor::from_data(TensorData::new(values, shape), &Default::default())
+    }
+}

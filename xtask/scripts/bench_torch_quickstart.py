@@ -7,6 +7,8 @@ kiln's epoch line counts them) and the training loop's total; time the whole pro
 (`/usr/bin/time`) to count Python's and PyTorch's start as kiln's is counted.
 
     .venv/bin/python xtask/scripts/bench_torch_quickstart.py [--epochs N]
+
+`cargo xtask bench quickstart` runs it beside kiln.
 """
 
 import argparse
@@ -67,7 +69,7 @@ def main():
         with torch.no_grad():
             for x, y in val_loader:
                 correct += (model(x).argmax(1) == y).sum().item()
-        print(f"epoch {epoch + 1}: {time.perf_counter() - start:.2f} s, validation top-1 {correct / len(val_set):.2%}")
+        print(f"epoch {epoch + 1}: validation top-1 {correct / len(val_set):.2%}, {time.perf_counter() - start:.2f} s")
     print(f"training: {time.perf_counter() - total:.2f} s")
 
 

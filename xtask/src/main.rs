@@ -11,10 +11,13 @@
 //! - `bench [--no-data] [--passes] [kiln bench options]`: training and inference throughput against
 //!   PyTorch in the same run, then `bench data`.
 //! - `bench data`: the data pipeline's images/s per core against torchvision's.
+//! - `bench quickstart [--rounds N]`: `kiln train` of the quickstart against the same training in
+//!   PyTorch, rounds alternating the two.
 //! - `gpu-check --carry-dir DIR [--dry-run]`: a folder that checks kiln on an NVIDIA machine.
 
 mod bench_data;
 mod bench_models;
+mod bench_quickstart;
 mod gpu_check;
 
 use std::path::{Path, PathBuf};
@@ -35,10 +38,11 @@ fn main() -> anyhow::Result<()> {
         ["fixtures"] => fixtures(&root),
         ["compare", ..] => compare(&root, &args[1..]),
         ["bench", "data", ..] => bench_data::run(&root, &args[2..]),
+        ["bench", "quickstart", ..] => bench_quickstart::run(&root, &args[2..]),
         ["bench", ..] => bench_models::run(&root, &args[1..]),
         ["gpu-check", ..] => gpu_check::run(&root, &args[1..]),
         _ => bail!(
-            "usage: cargo xtask <lint | fixtures | compare [--kiln PATH] [--backends flex,ndarray,wgpu ...] | bench [--no-data] [--passes] [--backends ...] | bench data [--count N] [--passes N] | gpu-check --carry-dir DIR [--dry-run]>"
+            "usage: cargo xtask <lint | fixtures | compare [--kiln PATH] [--backends flex,ndarray,wgpu ...] | bench [--no-data] [--passes] [--backends ...] | bench data [--count N] [--passes N] | bench quickstart [--rounds N] | gpu-check --carry-dir DIR [--dry-run]>"
         ),
     }
 }

@@ -7,23 +7,46 @@
 //! Per-channel sums accumulate in f64, so the statistics are those of the exact arithmetic to
 //! f32's precision whatever the batch and map size.
 
+use burn::backend::Flex;
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive, backend::Backend};
 use rayon::prelude::*;
 
-use crate::flex::{dims, primitive, values};
-
-type Train = Autodiff<Flex>;
+use crate::flex::{Train, dims, primitive, same, values};
 
 /// Elements a parallel task gets at least: below this, handing work to another thread costs
 /// more than it saves.
 const MIN_TASK: usize = 1 << 14;
+
+/// kiln's batch norm in training when `B` is flex under autodiff and every tensor is f32.
+pub(crate) fn batch_norm_train<B: Backend>(
+    x: &Tensor<B, 4>,
+    weight: &Tensor<B, 1>,
+    bias: &Tensor<B, 1>,
+    eps: f64,
+) -> Option<(Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>)> {
+    if [x.dtype(), weight.dtype(), bias.dtype()] != [DType::F32; 3] {
+        return None;
+    }
+    let x = same::<_, Tensor<Train, 4>>(x.clone())?;
+    let weight = same::<_, Tensor<Train, 1>>(weight.clone())?;
+    let bias = same::<_, Tensor<Train, 1>>(bias.clone())?;
+    let device = x.device();
+    let (y, mean, var) = train(x, weight, bias, eps);
+    let stat = |values: Vec<f32>| {
+        let len = values.len();
+        same(Tensor::<Train, 1>::from_data(
+            TensorData::new(values, [len]),
+            &device,
+        ))
+    };
+    Some((same(y)?, stat(mean)?, stat(var)?))
+}
 
 /// Training-mode batch norm of `x` (`[N, C, H, W]`) with `weight` and `bias` (`[C]`); returns
 /// the output and the batch's mean and biased variance per channel (`[C]`, untracked).
@@ -37,10 +60,11 @@ pub(crate) fn train(
     let weight = weight.into_primitive().tensor();
     let bias = bias.into_primitive().tensor();
     let shape = dims(&x.primitive);
-    let stats = Stats::new(&values(&x.primitive), shape, eps);
-    let gamma = values1(&weight.primitive);
-    let beta = values1(&bias.primitive);
-    let y = primitive(stats.normalize(&values(&x.primitive), &gamma, &beta), shape);
+    let input = values(&x.primitive);
+    let stats = Stats::new(&input, shape, eps);
+    let gamma = values(&weight.primitive).into_owned();
+    let beta = values(&bias.primitive);
+    let y = primitive(stats.normalize(&input, &gamma, &beta), shape);
     let (mean, var) = (stats.mean_f32(), stats.var_f32());
     let y = match BatchNormBackward
         .prepare::<NoCheckpointing>([x.node.clone(), weight.node.clone(), bias.node.clone()])
@@ -54,11 +78,6 @@ pub(crate) fn train(
         OpsKind::UnTracked(prep) => prep.finish(y),
     };
     (Tensor::from_primitive(TensorPrimitive::Float(y)), mean, var)
-}
-
-/// A `[C]` tensor's values.
-fn values1(tensor: &FloatTensor<Flex>) -> Vec<f32> {
-    values(tensor).into_owned()
 }
 
 /// The batch's statistics per channel, and the shape they were taken over.
@@ -243,7 +262,7 @@ mod tests {
             [8, 16, 8, 8],
             [3, 20, 41, 40],
         ] {
-            let [n, c, h, w] = shape;
+            let [_, c, _, _] = shape;
             let x = fixed(shape, 1, 0.5);
             let weight: Tensor<Train, 1> = fixed([c], 2, 1.0);
             let bias: Tensor<Train, 1> = fixed([c], 3, 0.0);
@@ -285,7 +304,6 @@ mod tests {
                 println!("{shape:?} {name}");
                 ours.assert_approx_eq(&reference, tolerance);
             }
-            let _ = (n, h, w);
         }
     }
 

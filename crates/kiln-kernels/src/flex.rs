@@ -15,7 +15,7 @@ use burn::tensor::{DType, Tensor, TensorData, TensorMetadata, TensorPrimitive, b
 use crate::gemm_conv::{self, Geometry};
 
 /// The training backend this path serves: flex under burn's default (no checkpointing) autodiff.
-type Train = Autodiff<Flex>;
+pub(crate) type Train = Autodiff<Flex>;
 
 /// kiln's convolution when `B` is flex (with or without autodiff) and the call is f32 without
 /// groups; `None` otherwise, for burn's.
@@ -43,34 +43,9 @@ pub(crate) fn conv2d<B: Backend>(
     same(train_conv2d(x, weight, options.clone()))
 }
 
-/// kiln's batch norm in training when `B` is flex under autodiff and every tensor is f32.
-pub(crate) fn batch_norm_train<B: Backend>(
-    x: &Tensor<B, 4>,
-    weight: &Tensor<B, 1>,
-    bias: &Tensor<B, 1>,
-    eps: f64,
-) -> Option<(Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>)> {
-    if [x.dtype(), weight.dtype(), bias.dtype()] != [DType::F32; 3] {
-        return None;
-    }
-    let x = same::<_, Tensor<Train, 4>>(x.clone())?;
-    let weight = same::<_, Tensor<Train, 1>>(weight.clone())?;
-    let bias = same::<_, Tensor<Train, 1>>(bias.clone())?;
-    let device = x.device();
-    let (y, mean, var) = crate::batch_norm::train(x, weight, bias, eps);
-    let stat = |values: Vec<f32>| {
-        let len = values.len();
-        same(Tensor::<Train, 1>::from_data(
-            TensorData::new(values, [len]),
-            &device,
-        ))
-    };
-    Some((same(y)?, stat(mean)?, stat(var)?))
-}
-
 /// `value` as a `U` when `T` and `U` are the same type (how a generic caller reaches a
 /// backend-specific path without a trait bound that every model would have to carry).
-fn same<T: 'static, U: 'static>(value: T) -> Option<U> {
+pub(crate) fn same<T: 'static, U: 'static>(value: T) -> Option<U> {
     let mut slot = Some(value);
     (&mut slot as &mut dyn Any)
         .downcast_mut::<Option<U>>()

@@ -12,6 +12,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::{ConvOptions, FloatTensor};
 use burn::tensor::{DType, Tensor, TensorData, TensorMetadata, TensorPrimitive, backend::Backend};
 
+use crate::epilogue::Epilogue;
 use crate::gemm_conv::{self, Geometry};
 
 /// The training backend this path serves: flex under burn's default (no checkpointing) autodiff.
@@ -35,6 +36,7 @@ pub(crate) fn conv2d<B: Backend>(
             x.into_primitive().tensor(),
             weight.into_primitive().tensor(),
             options,
+            None,
         );
         return same(Tensor::<Flex, 4>::from_primitive(TensorPrimitive::Float(y)));
     }
@@ -68,9 +70,14 @@ fn train_conv2d(
             let x_state = prep.checkpoint(&x);
             let weight_state = prep.checkpoint(&weight);
             let state = (x_state, weight_state, options.clone());
-            prep.finish(state, forward(x.primitive, weight.primitive, &options))
+            prep.finish(
+                state,
+                forward(x.primitive, weight.primitive, &options, None),
+            )
         }
-        OpsKind::UnTracked(prep) => prep.finish(forward(x.primitive, weight.primitive, &options)),
+        OpsKind::UnTracked(prep) => {
+            prep.finish(forward(x.primitive, weight.primitive, &options, None))
+        }
     };
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
@@ -116,18 +123,81 @@ fn forward(
     x: FloatTensor<Flex>,
     weight: FloatTensor<Flex>,
     options: &ConvOptions<2>,
+    epilogue: Option<&Epilogue>,
 ) -> FloatTensor<Flex> {
-    let [n, _, h, w] = dims(&x);
-    let [c_out, _, kh, kw] = dims(&weight);
+    let y_shape = output_shape(&x, &weight, options);
+    let geometry = Geometry::new(dims(&x), dims(&weight), y_shape, options);
+    let y = gemm_conv::forward(&values(&x), &values(&weight), &geometry, epilogue);
+    primitive(y, y_shape)
+}
+
+/// kiln's convolution and its epilogue in one pass where `B` is flex without autodiff (nothing
+/// to differentiate: inference) and every tensor is f32, the residual of the output's shape.
+pub(crate) fn conv2d_epilogue<B: Backend>(
+    x: &Tensor<B, 4>,
+    weight: &Tensor<B, 4>,
+    options: &ConvOptions<2>,
+    epilogue: &crate::Epilogue<B>,
+) -> Option<Tensor<B, 4>> {
+    let residual = epilogue.residual.as_ref();
+    let dtypes = [
+        x.dtype(),
+        weight.dtype(),
+        epilogue.scale.dtype(),
+        epilogue.shift.dtype(),
+    ];
+    if options.groups != 1
+        || dtypes != [DType::F32; 4]
+        || residual.is_some_and(|r| r.dtype() != DType::F32)
+    {
+        return None;
+    }
+    let flat = |t: &Tensor<B, 1>| {
+        same::<_, Tensor<Flex, 1>>(t.clone()).map(|t| t.into_primitive().tensor())
+    };
+    let four = |t: &Tensor<B, 4>| {
+        same::<_, Tensor<Flex, 4>>(t.clone()).map(|t| t.into_primitive().tensor())
+    };
+    let (x, weight) = (four(x)?, four(weight)?);
+    let (scale, shift) = (flat(&epilogue.scale)?, flat(&epilogue.shift)?);
+    let residual = match residual {
+        Some(r) => Some(four(r)?),
+        None => None,
+    };
+    let c_out = dims(&weight)[0];
+    let y_shape = output_shape(&x, &weight, options);
+    if scale.shape().num_elements() != c_out
+        || shift.shape().num_elements() != c_out
+        || residual.as_ref().is_some_and(|r| dims(r) != y_shape)
+    {
+        return None;
+    }
+    let (scale, shift) = (values(&scale), values(&shift));
+    let residual = residual.as_ref().map(values);
+    let finish = Epilogue {
+        scale: &scale,
+        shift: &shift,
+        residual: residual.as_deref(),
+        relu: epilogue.relu,
+    };
+    let y = forward(x, weight, options, Some(&finish));
+    same(Tensor::<Flex, 4>::from_primitive(TensorPrimitive::Float(y)))
+}
+
+/// `[N, C_out, H_out, W_out]`.
+fn output_shape(
+    x: &FloatTensor<Flex>,
+    weight: &FloatTensor<Flex>,
+    options: &ConvOptions<2>,
+) -> [usize; 4] {
+    let [n, _, h, w] = dims(x);
+    let [c_out, _, kh, kw] = dims(weight);
     let out = |size: usize, k: usize, axis: usize| {
         (size + 2 * options.padding[axis] - options.dilation[axis] * (k - 1) - 1)
             / options.stride[axis]
             + 1
     };
-    let y_shape = [n, c_out, out(h, kh, 0), out(w, kw, 1)];
-    let geometry = Geometry::new(dims(&x), dims(&weight), y_shape, options);
-    let y = gemm_conv::forward(&values(&x), &values(&weight), &geometry);
-    primitive(y, y_shape)
+    [n, c_out, out(h, kh, 0), out(w, kw, 1)]
 }
 
 pub(crate) fn dims(tensor: &FloatTensor<Flex>) -> [usize; 4] {
@@ -157,8 +227,8 @@ mod tests {
 
     /// Gradients of kiln's convolution against burn's own, for the shapes ResNets use:
     /// 3x3 with padding at strides 1 and 2 on small maps (im2col) and large ones (shifted
-    /// views; blocks that split an image, a row longer than a block), 1x1 downsampling, the 7x7
-    /// stem, and a batch that takes several groups of images.
+    /// views; blocks that split an image, a row longer than a block), 1x1 downsampling and 1x1
+    /// in place, the 7x7 stem, and a batch that takes several groups of images.
     #[test]
     fn gradients_match_burns_convolution() {
         let cases = [
@@ -168,6 +238,8 @@ mod tests {
             ([2, 3, 32, 32], [8, 3, 3, 3], [1, 1], [1, 1], 1e-4),
             ([3, 4, 8, 8], [5, 4, 3, 3], [2, 2], [1, 1], 1e-4),
             ([2, 6, 8, 8], [3, 6, 1, 1], [2, 2], [0, 0], 1e-4),
+            // 1x1 with stride 1 on a 16x16 map: multiplied in place, image by image.
+            ([2, 6, 16, 16], [3, 6, 1, 1], [1, 1], [0, 0], 1e-4),
             ([1, 3, 15, 15], [4, 3, 7, 7], [2, 2], [3, 3], 1e-4),
             // 37 MB of im2col matrix per image: one image per group, so the groups' sums count.
             // Each weight gradient sums 32,768 products, which burn's f32 reference adds in
@@ -218,6 +290,67 @@ mod tests {
             })
             .collect();
         Tensor::from_data(TensorData::new(values, shape), &Default::default())
+    }
+
+    /// The fused inference path against burn's operations composed (convolution, scale and shift
+    /// per channel, residual, ReLU) on every route the forward takes: shifted views (16x16),
+    /// im2col (small maps, stride 2, the 1x1 map), 1x1 convolutions multiplied in place (one
+    /// image, where the product runs in parallel, and several), with channel counts that are no
+    /// multiple of the vector width.
+    #[test]
+    fn epilogue_matches_burns_operations() {
+        let cases = [
+            ([2, 5, 16, 16], [17, 5, 3, 3], 1, 1),
+            ([3, 4, 5, 7], [6, 4, 3, 3], 1, 1),
+            ([2, 6, 9, 9], [3, 6, 3, 3], 2, 1),
+            ([1, 7, 1, 1], [5, 7, 3, 3], 1, 1),
+            ([1, 9, 14, 14], [19, 9, 1, 1], 1, 0),
+            ([3, 8, 15, 16], [4, 8, 1, 1], 1, 0),
+            ([2, 8, 3, 3], [4, 8, 1, 1], 1, 0),
+        ];
+        for (x_shape, w_shape, stride, padding) in cases {
+            let options = ConvOptions::new([stride; 2], [padding; 2], [1, 1], 1);
+            let x = fixed(x_shape, 1, -1.0).inner();
+            let w = fixed(w_shape, 2, -1.0).inner();
+            let c_out = w_shape[0];
+            let scale = fixed([1, 1, 1, c_out], 3, -1.0).inner().reshape([c_out]);
+            let shift = fixed([1, 1, 1, c_out], 4, -1.0).inner().reshape([c_out]);
+            let y = module::conv2d(x.clone(), w.clone(), None, options.clone());
+            let residual = fixed(y.dims(), 5, -1.0).inner();
+            for (with_residual, relu) in [(false, false), (false, true), (true, true)] {
+                let per_channel = |t: &Tensor<Flex, 1>| t.clone().reshape([1, c_out, 1, 1]);
+                let mut expected = y.clone() * per_channel(&scale) + per_channel(&shift);
+                if with_residual {
+                    expected = expected + residual.clone();
+                }
+                if relu {
+                    expected = burn::tensor::activation::relu(expected);
+                }
+                let epilogue = crate::Epilogue {
+                    scale: scale.clone(),
+                    shift: shift.clone(),
+                    residual: with_residual.then(|| residual.clone()),
+                    relu,
+                };
+                let fused = crate::conv2d_epilogue(&x, &w, &options, &epilogue)
+                    .expect("flex in f32 takes kiln's path");
+                fused
+                    .into_data()
+                    .assert_approx_eq::<f32>(&expected.into_data(), Tolerance::rel_abs(1e-4, 1e-4));
+            }
+        }
+        // Under autodiff (training) the composed operations run, which differentiate.
+        let x = Tensor::<Train, 4>::zeros([1, 2, 4, 4], &Default::default());
+        let w = Tensor::<Train, 4>::zeros([2, 2, 3, 3], &Default::default());
+        let ones = Tensor::<Train, 1>::ones([2], &Default::default());
+        let epilogue = crate::Epilogue {
+            scale: ones.clone(),
+            shift: ones,
+            residual: None,
+            relu: true,
+        };
+        let options = ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
+        assert!(crate::conv2d_epilogue(&x, &w, &options, &epilogue).is_none());
     }
 
     #[test]

@@ -5,13 +5,17 @@
 //! spans all the group's images, so it stays large where the feature maps are small (flex's own
 //! convolution multiplies one image's 512 positions at a time, 16 at 4x4).
 
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use burn::backend::Flex;
 use burn::tensor::{Tensor, TensorData, ops::ConvOptions};
+use gemm::{Parallelism, gemm};
 use rayon::prelude::*;
 
+use crate::epilogue::Epilogue;
 use crate::shifted_conv::{self, Layout};
+use crate::uninit::{assume_written, written_in_chunks};
 
 /// im2col matrices are built for as many images at a time as fit in this many bytes, which bounds
 /// the extra memory whatever the batch size; larger groups make faster products.
@@ -21,6 +25,11 @@ const CHUNK_BYTES: usize = 32 << 20;
 /// ResNet-18's first stage when that matrix was 30 MB rather than 9 MB: smaller groups there
 /// (4 MiB measured best of 2 to 16 with `kiln bench`, within its noise).
 const WRITE_CHUNK_BYTES: usize = 4 << 20;
+
+/// 1x1 convolutions with stride 1 multiply each image in place from maps of this many positions
+/// (ResNet-50's 14x14 and larger at 224x224); on smaller ones a product per image is too narrow,
+/// and the im2col matrix that puts all the images side by side pays for its copy.
+const POINTWISE_PLANE: usize = 196;
 
 /// The sizes of one convolution, NCHW.
 pub(crate) struct Geometry {
@@ -75,6 +84,14 @@ impl Geometry {
         covered.then(|| Layout::new(self.images, self.height, self.width))
     }
 
+    /// A 1x1 convolution with stride 1 and no padding, on maps large enough for [`pointwise`].
+    fn pointwise(&self) -> bool {
+        self.kernel == [1, 1]
+            && self.stride == [1, 1]
+            && self.padding == [0, 0]
+            && self.out_plane() >= POINTWISE_PLANE
+    }
+
     fn out_plane(&self) -> usize {
         self.out[0] * self.out[1]
     }
@@ -90,13 +107,22 @@ impl Geometry {
     }
 }
 
-/// `y = conv2d(x, w)`, NCHW.
-pub(crate) fn forward(x: &[f32], weight: &[f32], g: &Geometry) -> Vec<f32> {
+/// `y = conv2d(x, w)`, NCHW, each output plane finished by `epilogue` where there is one.
+pub(crate) fn forward(
+    x: &[f32],
+    weight: &[f32],
+    g: &Geometry,
+    epilogue: Option<&Epilogue>,
+) -> Vec<f32> {
     if let Some(layout) = g.shifted() {
-        return shifted_conv::forward(x, weight, &layout, g.c_in);
+        return shifted_conv::forward(x, weight, &layout, g.c_in, epilogue);
+    }
+    if g.pointwise() {
+        return pointwise(x, weight, g, epilogue);
     }
     let plane = g.out_plane();
-    let mut y = vec![0.0f32; g.images * g.c_out * plane];
+    let len = g.images * g.c_out * plane;
+    let mut y = Vec::with_capacity(len);
     let weight = matrix(weight.to_vec(), [g.c_out, g.rows()]);
     for images in g.chunks(CHUNK_BYTES) {
         let cols = matrix(
@@ -104,16 +130,75 @@ pub(crate) fn forward(x: &[f32], weight: &[f32], g: &Geometry) -> Vec<f32> {
             [g.rows(), images.len() * plane],
         );
         let part = into_vec(weight.clone().matmul(cols));
-        let slab = &mut y[images.start * g.c_out * plane..images.end * g.c_out * plane];
+        let slab = &mut y.spare_capacity_mut()[..len]
+            [images.start * g.c_out * plane..images.end * g.c_out * plane];
         slab.par_chunks_mut(g.c_out * plane)
             .enumerate()
             .for_each(|(k, image)| {
                 for (co, out) in image.chunks_mut(plane).enumerate() {
-                    out.copy_from_slice(&part[(co * images.len() + k) * plane..][..plane]);
+                    let values = &part[(co * images.len() + k) * plane..][..plane];
+                    let out = out.write_copy_of_slice(values);
+                    if let Some(epilogue) = epilogue {
+                        epilogue.finish((images.start + k) * g.c_out + co, out);
+                    }
                 }
             });
     }
+    // SAFETY: the groups of images cover every image, and each image's every plane was copied.
+    unsafe { y.set_len(len) };
     y
+}
+
+/// A 1x1 convolution with stride 1 on maps of `POINTWISE_PLANE` positions or more: each image's
+/// output is the weight times the image itself (`[c_in, h * w]`, as NCHW lays it out), written
+/// in place, with no im2col matrix (it would be a copy of the input) and no copy of the product.
+fn pointwise(x: &[f32], weight: &[f32], g: &Geometry, epilogue: Option<&Epilogue>) -> Vec<f32> {
+    let plane = g.out_plane();
+    // Images in parallel where there are enough for every thread, else each product is.
+    let parallelism = if g.images >= rayon::current_num_threads() {
+        Parallelism::None
+    } else {
+        Parallelism::Rayon(0)
+    };
+    let write = |n: usize, out: &mut [MaybeUninit<f32>]| {
+        let input = &x[n * g.c_in * plane..][..g.c_in * plane];
+        // SAFETY: `out` is `[c_out, plane]`, `weight` `[c_out, c_in]` and `input`
+        // `[c_in, plane]`, all row-major and of those lengths (`Geometry` holds the sizes of `x`
+        // and `weight`, and the output is allocated from them); the product writes every value
+        // of `out` without reading it.
+        unsafe {
+            gemm(
+                g.c_out,
+                plane,
+                g.c_in,
+                out.as_mut_ptr().cast::<f32>(),
+                1,
+                plane as isize,
+                false,
+                weight.as_ptr(),
+                1,
+                g.c_in as isize,
+                input.as_ptr(),
+                1,
+                plane as isize,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            );
+        }
+        if let Some(epilogue) = epilogue {
+            // SAFETY: the product wrote all of `out`.
+            let out = unsafe { assume_written(out) };
+            for (co, out) in out.chunks_mut(plane).enumerate() {
+                epilogue.finish(n * g.c_out + co, out);
+            }
+        }
+    };
+    // SAFETY: `write` fills each image's output (above).
+    unsafe { written_in_chunks(g.images * g.c_out * plane, g.c_out * plane, write) }
 }
 
 /// The gradients with respect to the input (NCHW) and to the weight, each where `wanted`
@@ -229,16 +314,14 @@ fn im2col(x: &[f32], g: &Geometry, images: Range<usize>) -> Vec<f32> {
 /// positions form one row per channel.
 fn channels_by_position(dy: &[f32], g: &Geometry, images: Range<usize>) -> Vec<f32> {
     let plane = g.out_plane();
-    let mut out = vec![0.0f32; g.c_out * images.len() * plane];
-    out.par_chunks_mut(images.len() * plane)
-        .enumerate()
-        .for_each(|(co, row)| {
-            for (k, n) in images.clone().enumerate() {
-                row[k * plane..][..plane]
-                    .copy_from_slice(&dy[(n * g.c_out + co) * plane..][..plane]);
-            }
-        });
-    out
+    let write = |co: usize, row: &mut [MaybeUninit<f32>]| {
+        for (k, n) in images.clone().enumerate() {
+            row[k * plane..][..plane]
+                .write_copy_of_slice(&dy[(n * g.c_out + co) * plane..][..plane]);
+        }
+    };
+    // SAFETY: each channel's row is every image's plane, one after another.
+    unsafe { written_in_chunks(g.c_out * images.len() * plane, images.len() * plane, write) }
 }
 
 /// Adds each column of `cols` (`[c_in * kh * kw, images * oh * ow]`) into the input position it

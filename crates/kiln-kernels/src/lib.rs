@@ -14,11 +14,15 @@
 #[cfg(feature = "flex")]
 mod batch_norm;
 #[cfg(feature = "flex")]
+mod epilogue;
+#[cfg(feature = "flex")]
 mod flex;
 #[cfg(feature = "flex")]
 mod gemm_conv;
 #[cfg(feature = "flex")]
 mod shifted_conv;
+#[cfg(feature = "flex")]
+mod uninit;
 
 use burn::tensor::{Tensor, backend::Backend, module, ops::ConvOptions};
 
@@ -35,6 +39,33 @@ pub fn conv2d<B: Backend>(
         return y;
     }
     module::conv2d(x, weight, None, options)
+}
+
+/// What follows a convolution in a ResNet at inference: batch norm with its running statistics
+/// folded into a `scale` and `shift` per output channel (`[C_out]`), then the block's
+/// `residual` added (the output's shape) and ReLU, where given.
+pub struct Epilogue<B: Backend> {
+    pub scale: Tensor<B, 1>,
+    pub shift: Tensor<B, 1>,
+    pub residual: Option<Tensor<B, 4>>,
+    pub relu: bool,
+}
+
+/// `relu(conv2d(x, weight) * scale + shift + residual)`, per output channel, as one pass over
+/// the output where kiln has a kernel for it (flex without autodiff, f32: inference on the CPU);
+/// `None` elsewhere, for the caller to compose from burn's operations.
+pub fn conv2d_epilogue<B: Backend>(
+    x: &Tensor<B, 4>,
+    weight: &Tensor<B, 4>,
+    options: &ConvOptions<2>,
+    epilogue: &Epilogue<B>,
+) -> Option<Tensor<B, 4>> {
+    #[cfg(feature = "flex")]
+    if enabled() {
+        return flex::conv2d_epilogue(x, weight, options, epilogue);
+    }
+    let _ = (x, weight, options, epilogue);
+    None
 }
 
 /// Batch normalization in training (`torch.nn.functional.batch_norm(x, None, None, weight, bias,

@@ -12,8 +12,13 @@
 //! transposed (read through strides, not copied); the weight gradient is nine products of the
 //! laid-out output gradient with shifted views of the laid-out input.
 
+use std::mem::MaybeUninit;
+
 use gemm::{Parallelism, gemm};
 use rayon::prelude::*;
+
+use crate::epilogue::Epilogue;
+use crate::uninit::{assume_written, written_in_chunks};
 
 /// About this many output positions are computed together: the nine products accumulate into a
 /// `channels x BLOCK` block that stays in a core's cache.
@@ -89,24 +94,28 @@ impl Layout {
         out
     }
 
-    /// The NCHW tensor held by a convolution's output blocks (`[blocks, channels, block]`).
-    fn unpack(&self, blocks: &[f32], channels: usize) -> Vec<f32> {
+    /// The NCHW tensor held by a convolution's output blocks (`[blocks, channels, block]`), each
+    /// plane finished by `epilogue` where there is one.
+    fn unpack(&self, blocks: &[f32], channels: usize, epilogue: Option<&Epilogue>) -> Vec<f32> {
         let (height, width) = (self.height, self.width);
         let rows_per_block = self.block / self.row;
-        let mut y = vec![0.0f32; self.images * channels * height * width];
-        y.par_chunks_mut(height * width)
-            .enumerate()
-            .for_each(|(index, plane)| {
-                let (n, c) = (index / channels, index % channels);
-                for (h, out) in plane.chunks_exact_mut(width).enumerate() {
-                    let row = n * (height + 1) + h;
-                    let (block, offset) = (row / rows_per_block, row % rows_per_block * self.row);
-                    out.copy_from_slice(
-                        &blocks[(block * channels + c) * self.block + offset..][..width],
-                    );
-                }
-            });
-        y
+        let write = |index: usize, plane: &mut [MaybeUninit<f32>]| {
+            let (n, c) = (index / channels, index % channels);
+            for (h, out) in plane.chunks_exact_mut(width).enumerate() {
+                let row = n * (height + 1) + h;
+                let (block, offset) = (row / rows_per_block, row % rows_per_block * self.row);
+                out.write_copy_of_slice(
+                    &blocks[(block * channels + c) * self.block + offset..][..width],
+                );
+            }
+            if let Some(epilogue) = epilogue {
+                // SAFETY: the loop above wrote every row of the plane.
+                epilogue.finish(index, unsafe { assume_written(plane) });
+            }
+        };
+        let len = self.images * channels * height * width;
+        // SAFETY: `write` copies each of a plane's `height` rows of `width` values.
+        unsafe { written_in_chunks(len, height * width, write) }
     }
 
     /// The convolution of a laid-out input (`[c_in, pitch]`) with a 3x3 kernel given through
@@ -115,43 +124,43 @@ impl Layout {
     /// block]`, in parallel over blocks.
     fn convolve(&self, input: &[f32], c_in: usize, kernel: &Kernel, c_out: usize) -> Vec<f32> {
         assert_eq!(input.len(), c_in * self.pitch);
-        let mut out = vec![0.0f32; self.blocks() * c_out * self.block];
-        out.par_chunks_mut(c_out * self.block)
-            .enumerate()
-            .for_each(|(b, out)| {
-                for (tap, (i, j)) in taps().enumerate() {
-                    let rhs = &input[self.shift(i, j) + b * self.block..];
-                    // SAFETY: `out` is `c_out x block`, row-major. The kernel is read at
-                    // `offset(i, j) + o * out_stride + c * in_stride`, inside `kernel.values`
-                    // (`Kernel::new` checks). The input is read at `c * pitch + shift + b * block
-                    // + q` for `q < block`; `shift + b * block + q < 2 * row + 2 + columns =
-                    // pitch`, inside channel `c`'s row of `input`.
-                    unsafe {
-                        gemm(
-                            c_out,
-                            self.block,
-                            c_in,
-                            out.as_mut_ptr(),
-                            1,
-                            self.block as isize,
-                            tap > 0,
-                            kernel.values[kernel.offset(i, j)..].as_ptr(),
-                            kernel.in_stride as isize,
-                            kernel.out_stride as isize,
-                            rhs.as_ptr(),
-                            1,
-                            self.pitch as isize,
-                            1.0,
-                            1.0,
-                            false,
-                            false,
-                            false,
-                            Parallelism::None,
-                        );
-                    }
+        let write = |b: usize, out: &mut [MaybeUninit<f32>]| {
+            for (tap, (i, j)) in taps().enumerate() {
+                let rhs = &input[self.shift(i, j) + b * self.block..];
+                // SAFETY: `out` is `c_out x block`, row-major; the first product writes
+                // all of it without reading it (`tap > 0`), the others add to it. The kernel is read at
+                // `offset(i, j) + o * out_stride + c * in_stride`, inside `kernel.values`
+                // (`Kernel::new` checks). The input is read at `c * pitch + shift + b * block
+                // + q` for `q < block`; `shift + b * block + q < 2 * row + 2 + columns =
+                // pitch`, inside channel `c`'s row of `input`.
+                unsafe {
+                    gemm(
+                        c_out,
+                        self.block,
+                        c_in,
+                        out.as_mut_ptr().cast::<f32>(),
+                        1,
+                        self.block as isize,
+                        tap > 0,
+                        kernel.values[kernel.offset(i, j)..].as_ptr(),
+                        kernel.in_stride as isize,
+                        kernel.out_stride as isize,
+                        rhs.as_ptr(),
+                        1,
+                        self.pitch as isize,
+                        1.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        Parallelism::None,
+                    );
                 }
-            });
-        out
+            }
+        };
+        let len = self.blocks() * c_out * self.block;
+        // SAFETY: the first kernel position's product writes each block's every value.
+        unsafe { written_in_chunks(len, c_out * self.block, write) }
     }
 }
 
@@ -200,12 +209,19 @@ fn taps() -> impl Iterator<Item = (usize, usize)> {
 }
 
 /// `y = conv2d(x, weight)` for `x` `[images, c_in, height, width]` and `weight`
-/// `[c_out, c_in, 3, 3]`; stride 1, padding 1.
-pub(crate) fn forward(x: &[f32], weight: &[f32], layout: &Layout, c_in: usize) -> Vec<f32> {
+/// `[c_out, c_in, 3, 3]`; stride 1, padding 1; each output plane finished by `epilogue` where
+/// there is one.
+pub(crate) fn forward(
+    x: &[f32],
+    weight: &[f32],
+    layout: &Layout,
+    c_in: usize,
+    epilogue: Option<&Epilogue>,
+) -> Vec<f32> {
     let c_out = weight.len() / (c_in * 9);
     let input = layout.pack(x, c_in);
     let out = layout.convolve(&input, c_in, &Kernel::forward(weight, c_out, c_in), c_out);
-    layout.unpack(&out, c_out)
+    layout.unpack(&out, c_out, epilogue)
 }
 
 /// The input's gradient and the weight's, each where `wanted`, from the output's (`dy`,
@@ -230,7 +246,7 @@ fn input_gradient(weight: &[f32], grad: &[f32], layout: &Layout, c_in: usize) ->
     let c_out = weight.len() / (c_in * 9);
     let kernel = Kernel::transposed(weight, c_out, c_in);
     let out = layout.convolve(grad, c_out, &kernel, c_in);
-    layout.unpack(&out, c_in)
+    layout.unpack(&out, c_in, None)
 }
 
 /// The weight's gradient, `[c_out, c_in, 3, 3]`: for each kernel position, the laid-out output

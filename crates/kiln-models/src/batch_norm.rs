@@ -65,12 +65,9 @@ impl<B: Backend> BatchNorm2d<B> {
     /// Statistics and normalization run in f32 whatever the input's float type (mixed
     /// precision); the output has the input's type.
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        in_f32(x, |x| {
-            if B::ad_enabled(&x.device()) && !self.frozen {
-                self.forward_train(x)
-            } else {
-                self.forward_eval(x)
-            }
+        in_f32(x, |x| match self.folded(&x.device()) {
+            Some((scale, shift)) => per_channel_affine(x, scale, shift),
+            None => self.forward_train(x),
         })
     }
 
@@ -113,21 +110,22 @@ impl<B: Backend> BatchNorm2d<B> {
         y.reshape([n, c, h, w])
     }
 
-    /// Normalizes with the running statistics, folded into one multiply-add.
-    fn forward_eval(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let [n, c, h, w] = x.dims();
-        let device = x.device();
+    /// The scale and shift per channel (`[C]`) that normalize with the running statistics, where
+    /// this layer normalizes so on `device` (inference, or frozen); `None` where it uses the
+    /// batch's statistics.
+    pub(crate) fn folded(&self, device: &B::Device) -> Option<(Tensor<B, 1>, Tensor<B, 1>)> {
+        if B::ad_enabled(device) && !self.frozen {
+            return None;
+        }
         // Detached: statistics loaded from a record come back as tracked leaves, and a tracked
         // leaf kept across steps (frozen batch norm never replaces it) ties each step's graph
         // to the one before, so that from the second step on, gradients picked up old terms.
-        let running_mean = self.running_mean.value().detach().to_device(&device);
-        let running_var = self.running_var.value().detach().to_device(&device);
+        let running_mean = self.running_mean.value().detach().to_device(device);
+        let running_var = self.running_var.value().detach().to_device(device);
 
         let scale = self.weight.val() / (running_var + self.eps).sqrt();
         let shift = self.bias.val() - running_mean * scale.clone();
-        let y = x.reshape([n * c, h * w]) * per_row(scale.reshape([1, c]), n)
-            + per_row(shift.reshape([1, c]), n);
-        y.reshape([n, c, h, w])
+        Some((scale, shift))
     }
 
     /// PyTorch's update: the running variance takes the unbiased batch variance.
@@ -216,6 +214,18 @@ fn synced<B: Backend>() -> Option<Synced<B>> {
 }
 
 /// A `[1, C]` per-channel value as a `[N * C, 1]` column that broadcasts along each row.
+/// `x * scale + shift` per channel (`[C]` each): batch norm with its running statistics folded.
+fn per_channel_affine<B: Backend>(
+    x: Tensor<B, 4>,
+    scale: Tensor<B, 1>,
+    shift: Tensor<B, 1>,
+) -> Tensor<B, 4> {
+    let [n, c, h, w] = x.dims();
+    let y = x.reshape([n * c, h * w]) * per_row(scale.reshape([1, c]), n)
+        + per_row(shift.reshape([1, c]), n);
+    y.reshape([n, c, h, w])
+}
+
 fn per_row<B: Backend>(per_channel: Tensor<B, 2>, n: usize) -> Tensor<B, 2> {
     let [_, c] = per_channel.dims();
     per_channel.expand([n, c]).reshape([n * c, 1])

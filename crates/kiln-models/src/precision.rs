@@ -63,13 +63,9 @@ impl Precision {
 /// explicit symmetric padding, anything else takes burn's `Conv2d`.
 pub(crate) fn convolve<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
     let dtype = x.dtype();
-    let PaddingConfig2d::Explicit(top, left, bottom, right) = conv.padding else {
+    let Some(options) = kiln_options(conv) else {
         return conv.forward(x);
     };
-    if (top, left) != (bottom, right) {
-        return conv.forward(x);
-    }
-    let options = ConvOptions::new(conv.stride, [top, left], conv.dilation, conv.groups);
     let weight = match dtype {
         DType::F32 => conv.weight.val(),
         _ => conv.weight.val().cast(FloatDType::from(dtype)),
@@ -83,6 +79,15 @@ pub(crate) fn convolve<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<
             options,
         ),
     }
+}
+
+/// The options of kiln's convolution for `conv`, where its padding is explicit and symmetric.
+pub(crate) fn kiln_options<B: Backend>(conv: &Conv2d<B>) -> Option<ConvOptions<2>> {
+    let PaddingConfig2d::Explicit(top, left, bottom, right) = conv.padding else {
+        return None;
+    };
+    ((top, left) == (bottom, right))
+        .then(|| ConvOptions::new(conv.stride, [top, left], conv.dilation, conv.groups))
 }
 
 /// Runs `f` on `x` in f32 and returns its result in `x`'s float type (batch norm's statistics

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ModelError;
 use crate::batch_norm::BatchNorm2d;
-use crate::precision::{Precision, convolve, to_f32};
+use crate::precision::{Precision, convolve, kiln_options, to_f32};
 
 /// The first layers: torchvision's ImageNet stem, or the CIFAR one for 32x32 inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -200,7 +200,7 @@ impl<B: Backend> Downsample<B> {
             1 => x,
             s => x.slice(s![.., .., ..;s as isize, ..;s as isize]),
         };
-        self.bn.forward(convolve(&self.conv, x))
+        conv_bn(&self.conv, &self.bn, x, Then::Nothing)
     }
 }
 
@@ -209,6 +209,50 @@ fn shortcut<B: Backend>(downsample: Option<&Downsample<B>>, x: Tensor<B, 4>) -> 
     match downsample {
         Some(downsample) => downsample.forward(x),
         None => x,
+    }
+}
+
+/// What follows a convolution and its batch norm in a ResNet.
+pub(crate) enum Then<B: Backend> {
+    Nothing,
+    Relu,
+    /// The block's residual added, then ReLU.
+    AddRelu(Tensor<B, 4>),
+}
+
+/// `bn(conv(x))` and what follows it, as one pass over the output where kiln-kernels has a
+/// kernel for it (inference on the CPU backend, batch norm folded into a scale and shift per
+/// channel); burn's operations one after another elsewhere, training included.
+pub(crate) fn conv_bn<B: Backend>(
+    conv: &Conv2d<B>,
+    bn: &BatchNorm2d<B>,
+    x: Tensor<B, 4>,
+    then: Then<B>,
+) -> Tensor<B, 4> {
+    if let (Some(options), None, Some((scale, shift))) =
+        (kiln_options(conv), &conv.bias, bn.folded(&x.device()))
+    {
+        let (residual, relu) = match &then {
+            Then::Nothing => (None, false),
+            Then::Relu => (None, true),
+            Then::AddRelu(residual) => (Some(residual.clone()), true),
+        };
+        let epilogue = kiln_kernels::Epilogue {
+            scale,
+            shift,
+            residual,
+            relu,
+        };
+        let weight = conv.weight.val();
+        if let Some(y) = kiln_kernels::conv2d_epilogue(&x, &weight, &options, &epilogue) {
+            return y;
+        }
+    }
+    let y = bn.forward(convolve(conv, x));
+    match then {
+        Then::Nothing => y,
+        Then::Relu => relu(y),
+        Then::AddRelu(residual) => relu(y + residual),
     }
 }
 
@@ -225,9 +269,8 @@ pub struct BasicBlock<B: Backend> {
 impl<B: Backend> BasicBlock<B> {
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let identity = shortcut(self.downsample.as_ref(), x.clone());
-        let out = relu(self.bn1.forward(convolve(&self.conv1, x)));
-        let out = self.bn2.forward(convolve(&self.conv2, out));
-        relu(out + identity)
+        let out = conv_bn(&self.conv1, &self.bn1, x, Then::Relu);
+        conv_bn(&self.conv2, &self.bn2, out, Then::AddRelu(identity))
     }
 }
 
@@ -246,10 +289,9 @@ pub struct Bottleneck<B: Backend> {
 impl<B: Backend> Bottleneck<B> {
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let identity = shortcut(self.downsample.as_ref(), x.clone());
-        let out = relu(self.bn1.forward(convolve(&self.conv1, x)));
-        let out = relu(self.bn2.forward(convolve(&self.conv2, out)));
-        let out = self.bn3.forward(convolve(&self.conv3, out));
-        relu(out + identity)
+        let out = conv_bn(&self.conv1, &self.bn1, x, Then::Relu);
+        let out = conv_bn(&self.conv2, &self.bn2, out, Then::Relu);
+        conv_bn(&self.conv3, &self.bn3, out, Then::AddRelu(identity))
     }
 }
 
@@ -356,7 +398,7 @@ impl<B: Backend> ResNet<B> {
     /// Images `[N, 3, H, W]` to logits `[N, num_classes]`.
     pub fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
         let x = self.precision.cast(images);
-        let x = relu(self.bn1.forward(convolve(&self.conv1, x)));
+        let x = conv_bn(&self.conv1, &self.bn1, x, Then::Relu);
         let x = match &self.maxpool {
             Some(pool) => pool.forward(x),
             None => x,
@@ -443,6 +485,40 @@ mod tests {
                     "resnet{depth} {stem:?}"
                 );
             }
+        }
+    }
+
+    /// Inference on flex runs each convolution, its batch norm, the residual and ReLU as one
+    /// operation (`conv_bn`); an autodiff model with frozen batch norm composes burn's operations
+    /// for the same arithmetic. Running statistics moved off their defaults by two training
+    /// passes, so that the fold is exercised; ResNet-50 at 64x64 reaches 1x1 convolutions on
+    /// 16x16 maps (multiplied in place), ResNet-18's CIFAR stem the 3x3 ones on 32x32.
+    #[test]
+    fn inference_in_one_pass_matches_burns_operations() {
+        use burn::backend::Autodiff;
+        use burn::module::AutodiffModule;
+        use burn::tensor::Tolerance;
+        let device = Default::default();
+        for (depth, stem, size) in [(50, Stem::Imagenet, 64), (18, Stem::Cifar, 32)] {
+            let model = ResNetConfig::new(depth)
+                .with_num_classes(5)
+                .with_width(4)
+                .with_stem(stem)
+                .init::<Autodiff<B>>(&device)
+                .unwrap();
+            let images = |seed: u64| {
+                <Autodiff<B> as Backend>::seed(&device, seed);
+                Tensor::random([3, 3, size, size], Distribution::Default, &device)
+            };
+            for seed in [1, 2] {
+                let _ = model.forward(images(seed));
+            }
+            let x = images(3);
+            let fused = model.valid().forward(x.clone().inner());
+            let composed = model.with_frozen_batch_norm().forward(x).inner();
+            fused
+                .into_data()
+                .assert_approx_eq::<f32>(&composed.into_data(), Tolerance::rel_abs(1e-4, 1e-5));
         }
     }
 

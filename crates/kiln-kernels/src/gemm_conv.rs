@@ -16,6 +16,7 @@ use rayon::prelude::*;
 use crate::epilogue::Epilogue;
 use crate::shifted_conv::{self, Layout};
 use crate::uninit::{assume_written, written_in_chunks};
+use crate::winograd;
 
 /// im2col matrices are built for as many images at a time as fit in this many bytes, which bounds
 /// the extra memory whatever the batch size; larger groups make faster products.
@@ -84,6 +85,14 @@ impl Geometry {
         covered.then(|| Layout::new(self.images, self.height, self.width))
     }
 
+    /// A 3x3 convolution with stride 1 and padding 1, which `winograd` computes in inference.
+    fn winograd(&self) -> bool {
+        self.kernel == [3, 3]
+            && self.stride == [1, 1]
+            && self.padding == [1, 1]
+            && self.dilation == [1, 1]
+    }
+
     /// A 1x1 convolution with stride 1 and no padding, on maps large enough for [`pointwise`].
     fn pointwise(&self) -> bool {
         self.kernel == [1, 1]
@@ -114,6 +123,10 @@ pub(crate) fn forward(
     g: &Geometry,
     epilogue: Option<&Epilogue>,
 ) -> Vec<f32> {
+    if epilogue.is_some() && g.winograd() {
+        let shape = [g.images, g.c_in, g.height, g.width];
+        return winograd::forward(x, weight, shape, g.c_out, epilogue);
+    }
     if let Some(layout) = g.shifted() {
         return shifted_conv::forward(x, weight, &layout, g.c_in, epilogue);
     }

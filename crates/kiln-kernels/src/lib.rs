@@ -23,6 +23,8 @@ mod gemm_conv;
 mod shifted_conv;
 #[cfg(feature = "flex")]
 mod uninit;
+#[cfg(feature = "flex")]
+mod winograd;
 
 use burn::tensor::{Tensor, backend::Backend, module, ops::ConvOptions};
 

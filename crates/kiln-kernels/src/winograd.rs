@@ -45,22 +45,25 @@ pub(crate) fn forward(
         let products = multiply(&kernels, &input, c_out, c_in, columns);
         let slab = &mut y.spare_capacity_mut()[..len]
             [group.start * c_out * plane..group.end * c_out * plane];
-        slab.par_chunks_mut(plane)
-            .enumerate()
-            .for_each(|(index, out)| {
-                let (image, k) = (index / c_out, index % c_out);
-                tiles.transform_output(&products, k, c_out, columns, image, out);
+        slab.par_chunks_mut(plane).enumerate().for_each_init(
+            || tiles.scratch(),
+            |scratch, (index, out)| {
+                tiles.transform_output(&products, c_out, columns, index, out, scratch);
                 if let Some(epilogue) = epilogue {
                     // SAFETY: every output position lies in exactly one 2x2 tile, which
                     // `transform_output` wrote.
                     epilogue.finish(group.start * c_out + index, unsafe { assume_written(out) });
                 }
-            });
+            },
+        );
     }
     // SAFETY: the groups cover every image and each image's every plane was written.
     unsafe { y.set_len(len) };
     y
 }
+
+/// `s[i][b]`: row `i` of `Aᵀ m` for every tile of a row of tiles, component `b`.
+type Scratch = [[Vec<f32>; 4]; 2];
 
 /// How a `height x width` map divides into 2x2 output tiles (the last row and column of tiles
 /// overhang an odd size).
@@ -81,45 +84,37 @@ impl Tiles {
         }
     }
 
+    /// Room for a row of tiles' `Aᵀ m` in `transform_output`, made once per thread.
+    fn scratch(&self) -> Scratch {
+        [(); 2].map(|_| [(); 4].map(|_| vec![0.0f32; self.columns]))
+    }
+
     fn per_image(&self) -> usize {
         self.rows * self.columns
     }
 
-    /// Output channel `k` of image `image` (within the group) from the products
-    /// (`[16, c_out, columns]`): `Aᵀ m A` with `Aᵀ = [[1, 1, 1, 0], [0, 1, -1, -1]]` for each
-    /// tile, clipped to the map; a row of tiles at a time, so that the loops run along it.
+    /// Output plane `index` (image `index / c_out` of the group, channel `index % c_out`) from the
+    /// products (`[16, c_out, columns]`): `Aᵀ m A` with `Aᵀ = [[1, 1, 1, 0], [0, 1, -1, -1]]`
+    /// for each tile, clipped to the map; a row of tiles at a time, so that the loops run along
+    /// it.
     fn transform_output(
         &self,
         products: &[f32],
-        k: usize,
         c_out: usize,
         columns: usize,
-        image: usize,
+        index: usize,
         out: &mut [MaybeUninit<f32>],
+        s: &mut Scratch,
     ) {
+        let (image, k) = (index / c_out, index % c_out);
         let n = self.columns;
-        // `s[i][b]`: row `i` of `Aᵀ m` for every tile of a row of tiles, component `b`.
-        let mut s = [
-            [
-                vec![0.0f32; n],
-                vec![0.0f32; n],
-                vec![0.0f32; n],
-                vec![0.0f32; n],
-            ],
-            [
-                vec![0.0f32; n],
-                vec![0.0f32; n],
-                vec![0.0f32; n],
-                vec![0.0f32; n],
-            ],
-        ];
         for row in 0..self.rows {
             let first = image * self.per_image() + row * n;
             let m =
                 |a: usize, b: usize| &products[((a * 4 + b) * c_out + k) * columns + first..][..n];
             for b in 0..4 {
                 let (m0, m1, m2, m3) = (m(0, b), m(1, b), m(2, b), m(3, b));
-                let [s0, s1] = &mut s;
+                let [s0, s1] = &mut *s;
                 for t in 0..n {
                     s0[b][t] = m0[t] + m1[t] + m2[t];
                     s1[b][t] = m1[t] - m2[t] - m3[t];

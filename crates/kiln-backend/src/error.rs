@@ -1,4 +1,4 @@
-use crate::choice::Backend;
+use crate::backend::Backend;
 
 /// Why a backend or device cannot be used. Each message names what is missing and the fix.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

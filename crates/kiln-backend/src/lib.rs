@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 
+mod backend;
 mod choice;
 pub mod cuda_setup;
 mod dispatch;
@@ -15,7 +16,8 @@ pub mod kernel_cache;
 mod memory;
 mod probe;
 
-pub use choice::{Backend, BackendChoice, DeviceSelection};
+pub use backend::Backend;
+pub use choice::{BackendChoice, DeviceSelection};
 pub use dispatch::{BackendTask, run_on};
 pub use error::BackendError;
 pub use kernel_cache::KernelCache;

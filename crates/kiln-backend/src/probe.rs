@@ -5,7 +5,7 @@
 use std::cell::OnceCell;
 use std::fmt;
 
-use crate::choice::Backend;
+use crate::backend::Backend;
 use crate::error::BackendError;
 
 /// What kind of device this is. `auto` never picks a `Software` adapter (llvmpipe, lavapipe,

@@ -446,8 +446,8 @@ const FIRST_LOSSES: f64 = 1e-6;
 const TENTH_PARAMETERS: f64 = 1e-4;
 
 /// Every run follows PyTorch's over all its 50 steps: every loss, and every parameter and buffer
-/// at steps 10 and 50, within twice the worst of PyTorch's own float32 runs (never looser than
-/// 1e-3), every learning rate and step count PyTorch's. On flex and ndarray, every run.
+/// at steps 10 and 50, within twice the worst of PyTorch's own float32 runs, every learning rate
+/// and step count PyTorch's. On flex and ndarray, every run.
 #[test]
 fn flex_and_ndarray_follow_pytorchs_training_runs_step_by_step() {
     let fixture = trajectories();

@@ -4,11 +4,15 @@
 //! the float64 run of `tests/fixtures/trajectory/make_trajectories.py`.
 //!
 //! The bound is PyTorch's own: how far PyTorch's float32 runs land from its float64 run at worst,
-//! doubled, for each loss and each tensor, never looser than 1e-3. Training amplifies rounding
-//! (every step's error feeds the next), so a fixed bound would either pass a wrong update late in
-//! a run or fail a correct one early; PyTorch's float32 runs measure that amplification run by
-//! run. They are several (default, channels-last, and starts moved by one rounding step): one
-//! float32 run alone can land close by luck.
+//! doubled, for each loss and each tensor. Training amplifies rounding (every step's error feeds
+//! the next), so a fixed bound would either pass a wrong update late in a run or fail a correct
+//! one early; PyTorch's float32 runs measure that amplification run by run. They are several
+//! (default, channels-last, and starts moved by one rounding step): one float32 run alone can
+//! land close by luck. There is no ceiling: where PyTorch's own runs are 4e-2 off (one AdamW
+//! channel whose gradient is rounding noise steps the other way), a ceiling of 1e-3 asked kiln to
+//! be luckier than PyTorch, and wgpu, whose autotune picks kernels anew in each process, passed or
+//! failed it from one run of the same binary to the next. Wrong updates are caught where float32
+//! is stable: the losses, step 10, and the tensors PyTorch keeps close.
 //! A loss's bound is the largest float32 error PyTorch reached up to that step, since one step's
 //! float32 loss can land on the float64 one by chance. Parameters are measured against their own
 //! update (as in [`crate::compare`]), buffers against their size, each norm-wise over the
@@ -35,12 +39,11 @@ use serde::{Deserialize, Serialize};
 use crate::CheckError;
 use crate::compare::values;
 
-/// kiln's bound is at most this many times PyTorch's own float32 error ...
+/// kiln's bound is this many times PyTorch's own float32 error ...
 const TIMES_PYTORCH: f64 = 2.0;
-/// ... and never looser than this, relative.
-const LOOSEST: f64 = 1e-3;
-/// Below this, relative errors are a handful of float32 roundings: the bound's floor (a loss or
-/// tensor that PyTorch's float32 runs happened to hit almost exactly says nothing about kiln's).
+/// ... and never tighter than this: below it, relative errors are a handful of float32 roundings
+/// (a loss or tensor that PyTorch's float32 runs happened to hit almost exactly says nothing
+/// about kiln's).
 const FLOOR: f64 = 1e-6;
 
 /// The reference: PyTorch's runs and the data they trained on.
@@ -241,7 +244,7 @@ impl Worst {
     /// Keeps the error with the larger share of its bound (a NaN is the worst of all).
     fn keep(&mut self, at: String, error: f64, pytorch: f64) {
         let error = if error.is_nan() { f64::INFINITY } else { error };
-        let bound = (TIMES_PYTORCH * pytorch).clamp(FLOOR, LOOSEST);
+        let bound = (TIMES_PYTORCH * pytorch).max(FLOOR);
         if self.at.is_empty() || error / bound > self.error / self.bound {
             *self = Self {
                 at,
@@ -398,4 +401,41 @@ fn distance(a: &[f64], b: &[f64]) -> f64 {
         .map(|(x, y)| (x - y) * (x - y))
         .sum::<f64>()
         .sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worst(error: f64, pytorch: f64) -> Worst {
+        let mut worst = Worst::default();
+        worst.keep("layer4.1.bn1.bias".into(), error, pytorch);
+        worst
+    }
+
+    /// wgpu's ResNet-50 AdamW run landed exactly where PyTorch's worst float32 run did at step 10
+    /// (4.17e-2: one channel stepped the other way) and failed a ceiling of 1e-3.
+    #[test]
+    fn the_bound_is_twice_pytorchs_own_error_however_large() {
+        assert!(worst(4.17e-2, 4.17e-2).passed());
+        assert!(worst(8.3e-2, 4.17e-2).passed());
+        assert!(!worst(8.4e-2, 4.17e-2).passed());
+    }
+
+    #[test]
+    fn the_bound_has_a_floor_of_a_few_roundings_and_a_nan_fails() {
+        assert!(worst(1e-6, 1e-9).passed());
+        assert!(!worst(1.1e-6, 1e-9).passed());
+        assert!(!worst(f64::NAN, 1.0).passed());
+    }
+
+    #[test]
+    fn the_worst_is_the_largest_share_of_its_bound() {
+        let mut worst = Worst::default();
+        worst.keep("a".into(), 1e-3, 1e-2);
+        worst.keep("b".into(), 1e-5, 1e-6);
+        worst.keep("c".into(), 1e-2, 1e-1);
+        assert_eq!(worst.at, "b");
+        assert!(!worst.passed());
+    }
 }

@@ -13,11 +13,14 @@
 //! - `bench data`: the data pipeline's images/s per core against torchvision's.
 //! - `bench quickstart [--rounds N]`: `kiln train` of the quickstart against the same training in
 //!   PyTorch, rounds alternating the two.
+//! - `bench train [--rounds N] [--batches 32,128] [--images N] [--epochs N]`: `kiln train` of
+//!   ResNet-18 on CIFAR-sized images (random ones in CIFAR-10's format), loader included, against
+//!   the same training in PyTorch with torchvision's dataset and transforms.
 //! - `gpu-check --carry-dir DIR [--dry-run]`: a folder that checks kiln on an NVIDIA machine.
 
 mod bench_data;
 mod bench_models;
-mod bench_quickstart;
+mod bench_train;
 mod gpu_check;
 
 use std::path::{Path, PathBuf};
@@ -38,11 +41,12 @@ fn main() -> anyhow::Result<()> {
         ["fixtures"] => fixtures(&root),
         ["compare", ..] => compare(&root, &args[1..]),
         ["bench", "data", ..] => bench_data::run(&root, &args[2..]),
-        ["bench", "quickstart", ..] => bench_quickstart::run(&root, &args[2..]),
+        ["bench", "quickstart", ..] => bench_train::quickstart(&root, &args[2..]),
+        ["bench", "train", ..] => bench_train::cifar(&root, &args[2..]),
         ["bench", ..] => bench_models::run(&root, &args[1..]),
         ["gpu-check", ..] => gpu_check::run(&root, &args[1..]),
         _ => bail!(
-            "usage: cargo xtask <lint | fixtures | compare [--kiln PATH] [--backends flex,ndarray,wgpu ...] | bench [--no-data] [--passes] [--backends ...] | bench data [--count N] [--passes N] | bench quickstart [--rounds N] | gpu-check --carry-dir DIR [--dry-run]>"
+            "usage: cargo xtask <lint | fixtures | compare [--kiln PATH] [--backends flex,ndarray,wgpu ...] | bench [--no-data] [--passes] [--backends ...] | bench data [--count N] [--passes N] | bench quickstart [--rounds N] | bench train [--rounds N] [--batches 32,128] [--images N] [--epochs N] | gpu-check --carry-dir DIR [--dry-run]>"
         ),
     }
 }

@@ -1,15 +1,16 @@
 //! A convolution and its two gradients as matrix products over an im2col matrix `cols`
 //! (`[c_in * kh * kw, images * oh * ow]`), built for a group of images at a time:
 //! `y = w · cols`, `dw = dy · colsᵀ`, `dx = col2im(wᵀ · dy)`. The matrices are laid out here in
-//! parallel (rayon); the products are flex's matrix multiply (the gemm crate). Every product
+//! parallel (rayon); the products are the gemm crate's, written straight into kiln's buffers
+//! (through burn's matmul, each result was allocated, copied to realign it, and copied out of
+//! its tensor again: 2-3% of ResNet-18's training step at batch 32). Every product
 //! spans all the group's images, so it stays large where the feature maps are small (flex's own
 //! convolution multiplies one image's 512 positions at a time, 16 at 4x4).
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use burn::backend::Flex;
-use burn::tensor::{Tensor, TensorData, ops::ConvOptions};
+use burn::tensor::ops::ConvOptions;
 use gemm::{Parallelism, gemm};
 use rayon::prelude::*;
 
@@ -136,13 +137,10 @@ pub(crate) fn forward(
     let plane = g.out_plane();
     let len = g.images * g.c_out * plane;
     let mut y = Vec::with_capacity(len);
-    let weight = matrix(weight.to_vec(), [g.c_out, g.rows()]);
     for images in g.chunks(CHUNK_BYTES) {
-        let cols = matrix(
-            im2col(x, g, images.clone()),
-            [g.rows(), images.len() * plane],
-        );
-        let part = into_vec(weight.clone().matmul(cols));
+        let columns = images.len() * plane;
+        let cols = im2col(x, g, images.clone());
+        let part = product(weight, &cols, [g.c_out, g.rows(), columns], [columns, 1]);
         let slab = &mut y.spare_capacity_mut()[..len]
             [images.start * g.c_out * plane..images.end * g.c_out * plane];
         slab.par_chunks_mut(g.c_out * plane)
@@ -235,18 +233,19 @@ pub(crate) fn gradients(
 /// output's gradient `dy`: `cols · dyᵀ` (three times faster than `dy · colsᵀ` here), summed
 /// over groups of images and transposed.
 fn weight_gradient(x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
-    let mut dw_t: Option<Tensor<Flex, 2>> = None;
+    let mut dw_t: Option<Vec<f32>> = None;
     for images in g.chunks(CHUNK_BYTES) {
         let len = images.len() * g.out_plane();
-        let cols = matrix(im2col(x, g, images.clone()), [g.rows(), len]);
-        let dy = matrix(channels_by_position(dy, g, images), [g.c_out, len]);
-        let part = cols.matmul(dy.transpose());
-        dw_t = Some(match dw_t {
-            Some(sum) => sum + part,
-            None => part,
-        });
+        let cols = im2col(x, g, images.clone());
+        let dy = channels_by_position(dy, g, images);
+        // `dy` is `[c_out, len]`; read as `dyᵀ`, `[len, c_out]`, in place.
+        let dims = [g.rows(), len, g.c_out];
+        match &mut dw_t {
+            Some(sum) => add_product(sum, &cols, &dy, dims, [1, len]),
+            None => dw_t = Some(product(&cols, &dy, dims, [1, len])),
+        }
     }
-    dw_t.map(|dw_t| into_vec(dw_t.transpose()))
+    dw_t.map(|dw_t| transpose(&dw_t, g.rows(), g.c_out))
         .unwrap_or_else(|| vec![0.0; g.c_out * g.rows()])
 }
 
@@ -254,11 +253,11 @@ fn weight_gradient(x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
 /// contribution (an im2col matrix), which col2im adds up per input position.
 fn input_gradient(weight: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
     let mut dx = vec![0.0f32; g.images * g.c_in * g.height * g.width];
-    let weight_t = matrix(transpose(weight, g.c_out, g.rows()), [g.rows(), g.c_out]);
+    let weight_t = transpose(weight, g.c_out, g.rows());
     for images in g.chunks(WRITE_CHUNK_BYTES) {
         let len = images.len() * g.out_plane();
-        let dy = matrix(channels_by_position(dy, g, images.clone()), [g.c_out, len]);
-        let cols = into_vec(weight_t.clone().matmul(dy));
+        let dy = channels_by_position(dy, g, images.clone());
+        let cols = product(&weight_t, &dy, [g.rows(), g.c_out, len], [len, 1]);
         col2im(&cols, g, images, &mut dx);
     }
     dx
@@ -272,15 +271,84 @@ fn transpose(values: &[f32], rows: usize, columns: usize) -> Vec<f32> {
         .collect()
 }
 
-fn matrix(values: Vec<f32>, shape: [usize; 2]) -> Tensor<Flex, 2> {
-    Tensor::from_data(TensorData::new(values, shape), &Default::default())
+/// `a · b` as a new row-major `[m, n]` matrix, for `[m, k, n]`: `a` is `[m, k]`, row-major;
+/// `b` is `[k, n]`, read with `b_strides` (between rows, between columns), so that a transposed
+/// operand costs no copy.
+fn product(a: &[f32], b: &[f32], [m, k, n]: [usize; 3], b_strides: [usize; 2]) -> Vec<f32> {
+    let mut dst = Vec::with_capacity(m * n);
+    // SAFETY: `dst` has room for `m * n` values, which the product writes without reading.
+    unsafe {
+        multiply(dst.as_mut_ptr(), false, a, b, [m, k, n], b_strides);
+        dst.set_len(m * n);
+    }
+    dst
 }
 
-fn into_vec(matrix: Tensor<Flex, 2>) -> Vec<f32> {
-    matrix
-        .into_data()
-        .into_vec()
-        .unwrap_or_else(|_| unreachable!("kiln's kernels run in f32"))
+/// `dst += a · b`, as [`product`] takes its operands.
+fn add_product(
+    dst: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    [m, k, n]: [usize; 3],
+    b_strides: [usize; 2],
+) {
+    assert_eq!(dst.len(), m * n, "the sum is [m, n]");
+    // SAFETY: `dst` holds `m * n` values.
+    unsafe { multiply(dst.as_mut_ptr(), true, a, b, [m, k, n], b_strides) }
+}
+
+/// The gemm crate's product into `dst` (row-major `[m, n]`), added to it where `read_dst`;
+/// on every thread when it is large enough to share (burn's matmul's threshold, 192³).
+///
+/// # Safety
+/// `dst` points to `m * n` writable values, initialised where `read_dst`.
+unsafe fn multiply(
+    dst: *mut f32,
+    read_dst: bool,
+    a: &[f32],
+    b: &[f32],
+    [m, k, n]: [usize; 3],
+    [row, column]: [usize; 2],
+) {
+    assert!(a.len() >= m * k, "a is [m, k]");
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(k > 0, "an empty sum would leave dst unwritten");
+    assert!(
+        (k - 1) * row + (n - 1) * column < b.len(),
+        "b's last value lies inside it"
+    );
+    let parallelism = if m * n * k >= 192 * 192 * 192 {
+        Parallelism::Rayon(0)
+    } else {
+        Parallelism::None
+    };
+    // SAFETY: `a` is read at `i * k + p` (< m * k, checked), `b` at `p * row + j * column`
+    // (checked for the last `p` and `j`), `dst` written at `i * n + j` (< m * n, the caller's).
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            n as isize,
+            read_dst,
+            a.as_ptr(),
+            1,
+            k as isize,
+            b.as_ptr(),
+            column as isize,
+            row as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
 }
 
 /// `[c_in * kh * kw, images * oh * ow]`: row `(ci, i, j)` holds, for every output position of
@@ -403,7 +471,46 @@ fn valid_outputs(
 
 #[cfg(test)]
 mod tests {
-    use super::valid_outputs;
+    use super::{add_product, product, valid_outputs};
+
+    /// `a · b` term by term in f64, `b` read with the given strides.
+    fn plain(a: &[f32], b: &[f32], [m, k, n]: [usize; 3], [row, column]: [usize; 2]) -> Vec<f32> {
+        let mut out = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let sum: f64 = (0..k)
+                    .map(|p| a[i * k + p] as f64 * b[p * row + j * column] as f64)
+                    .sum();
+                out[i * n + j] = sum as f32;
+            }
+        }
+        out
+    }
+
+    fn close(got: &[f32], want: &[f32]) {
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{i}: {g} vs {w}");
+        }
+    }
+
+    /// Odd sizes, `b` as laid out and read transposed in place, and a sum added to; one size
+    /// large enough to run on every thread.
+    #[test]
+    fn products_match_plain_sums() {
+        for [m, k, n] in [[5, 7, 3], [1, 1, 1], [3, 300, 2], [200, 203, 201]] {
+            let a: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 / 7.0 - 0.9).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| (i % 11) as f32 / 5.0 - 1.1).collect();
+            for strides in [[n, 1], [1, k]] {
+                let want = plain(&a, &b, [m, k, n], strides);
+                let mut got = product(&a, &b, [m, k, n], strides);
+                close(&got, &want);
+                add_product(&mut got, &a, &b, [m, k, n], strides);
+                let twice: Vec<f32> = want.iter().map(|w| 2.0 * w).collect();
+                close(&got, &twice);
+            }
+        }
+    }
 
     #[test]
     fn valid_outputs_skip_the_padding() {

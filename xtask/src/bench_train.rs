@@ -229,7 +229,7 @@ fn torch_version(python: Option<&Path>) -> String {
             .ok()?;
         Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
     });
-    version.map_or_else(|| "(not run)".into(), |v| v.to_string())
+    version.unwrap_or_else(|| "(not run)".into())
 }
 
 fn write_table(root: &Path, name: &str, table: &str) -> anyhow::Result<()> {

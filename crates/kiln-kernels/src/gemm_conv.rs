@@ -173,32 +173,19 @@ fn pointwise(x: &[f32], weight: &[f32], g: &Geometry, epilogue: Option<&Epilogue
     };
     let write = |n: usize, out: &mut [MaybeUninit<f32>]| {
         let input = &x[n * g.c_in * plane..][..g.c_in * plane];
-        // SAFETY: `out` is `[c_out, plane]`, `weight` `[c_out, c_in]` and `input`
-        // `[c_in, plane]`, all row-major and of those lengths (`Geometry` holds the sizes of `x`
-        // and `weight`, and the output is allocated from them); the product writes every value
-        // of `out` without reading it.
+        let dims = [g.c_out, g.c_in, plane];
+        // SAFETY: `out` is one image's `[c_out, plane]` chunk, which the product writes without
+        // reading it.
         unsafe {
-            gemm(
-                g.c_out,
-                plane,
-                g.c_in,
-                out.as_mut_ptr().cast::<f32>(),
-                1,
-                plane as isize,
+            multiply(
+                out.as_mut_ptr().cast(),
                 false,
-                weight.as_ptr(),
-                1,
-                g.c_in as isize,
-                input.as_ptr(),
-                1,
-                plane as isize,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
+                weight,
+                input,
+                dims,
+                [plane, 1],
                 parallelism,
-            );
+            )
         }
         if let Some(epilogue) = epilogue {
             // SAFETY: the product wrote all of `out`.
@@ -278,7 +265,16 @@ fn product(a: &[f32], b: &[f32], [m, k, n]: [usize; 3], b_strides: [usize; 2]) -
     let mut dst = Vec::with_capacity(m * n);
     // SAFETY: `dst` has room for `m * n` values, which the product writes without reading.
     unsafe {
-        multiply(dst.as_mut_ptr(), false, a, b, [m, k, n], b_strides);
+        let parallelism = shared(m * k * n);
+        multiply(
+            dst.as_mut_ptr(),
+            false,
+            a,
+            b,
+            [m, k, n],
+            b_strides,
+            parallelism,
+        );
         dst.set_len(m * n);
     }
     dst
@@ -294,11 +290,30 @@ fn add_product(
 ) {
     assert_eq!(dst.len(), m * n, "the sum is [m, n]");
     // SAFETY: `dst` holds `m * n` values.
-    unsafe { multiply(dst.as_mut_ptr(), true, a, b, [m, k, n], b_strides) }
+    unsafe {
+        multiply(
+            dst.as_mut_ptr(),
+            true,
+            a,
+            b,
+            [m, k, n],
+            b_strides,
+            shared(m * k * n),
+        )
+    }
 }
 
-/// The gemm crate's product into `dst` (row-major `[m, n]`), added to it where `read_dst`;
-/// on every thread when it is large enough to share (burn's matmul's threshold, 192³).
+/// On every thread when a product is large enough to share (burn's matmul's threshold, 192³).
+fn shared(multiply_adds: usize) -> Parallelism {
+    if multiply_adds >= 192 * 192 * 192 {
+        Parallelism::Rayon(0)
+    } else {
+        Parallelism::None
+    }
+}
+
+/// The gemm crate's product `a · b` into `dst` (row-major `[m, n]`), added to it where
+/// `read_dst`; `a` and `b` as [`product`] takes them.
 ///
 /// # Safety
 /// `dst` points to `m * n` writable values, initialised where `read_dst`.
@@ -309,6 +324,7 @@ unsafe fn multiply(
     b: &[f32],
     [m, k, n]: [usize; 3],
     [row, column]: [usize; 2],
+    parallelism: Parallelism,
 ) {
     assert!(a.len() >= m * k, "a is [m, k]");
     if m == 0 || n == 0 {
@@ -319,11 +335,6 @@ unsafe fn multiply(
         (k - 1) * row + (n - 1) * column < b.len(),
         "b's last value lies inside it"
     );
-    let parallelism = if m * n * k >= 192 * 192 * 192 {
-        Parallelism::Rayon(0)
-    } else {
-        Parallelism::None
-    };
     // SAFETY: `a` is read at `i * k + p` (< m * k, checked), `b` at `p * row + j * column`
     // (checked for the last `p` and `j`), `dst` written at `i * n + j` (< m * n, the caller's).
     unsafe {

@@ -1,5 +1,6 @@
-//! A convolution and its two gradients as matrix products over an im2col matrix `cols`
-//! (`[c_in * kh * kw, images * oh * ow]`), built for a group of images at a time:
+//! The convolutions that `winograd` does not cover (strided, 1x1, the 7x7 stem) and their two
+//! gradients, as matrix products over an im2col matrix `cols` (`[c_in * kh * kw, images * oh *
+//! ow]`), built for a group of images at a time:
 //! `y = w · cols`, `dw = dy · colsᵀ`, `dx = col2im(wᵀ · dy)`. The matrices are laid out here in
 //! parallel (rayon); the products are the gemm crate's, written straight into kiln's buffers
 //! (through burn's matmul, each result was allocated, copied to realign it, and copied out of
@@ -73,20 +74,22 @@ impl Geometry {
         self.c_in * self.kernel[0] * self.kernel[1]
     }
 
-    /// The layout of `shifted_conv` where it covers this convolution (3x3, stride 1, padding 1)
-    /// and is the faster: on feature maps of 16x16 and more. On smaller maps the padding it
-    /// computes is a large share (56% at 4x4) and its few blocks leave cores idle; there im2col
-    /// ran 1.7x (8x8) and 2.8x (4x4) faster (`conv_shapes`).
+    /// The layout of `shifted_conv`'s weight gradient where it covers this convolution (3x3,
+    /// stride 1, padding 1) and is the faster: on feature maps of 16x16 and more. On smaller
+    /// maps the padding it computes is a large share (56% at 4x4) and its few blocks leave
+    /// cores idle; there im2col ran 1.7x (8x8) and 2.8x (4x4) faster (`conv_shapes`).
     fn shifted(&self) -> Option<Layout> {
-        let covered = self.kernel == [3, 3]
-            && self.stride == [1, 1]
-            && self.padding == [1, 1]
-            && self.dilation == [1, 1]
-            && self.height * self.width >= 16 * 16;
+        let covered = self.winograd() && self.height * self.width >= 16 * 16;
         covered.then(|| Layout::new(self.images, self.height, self.width))
     }
 
-    /// A 3x3 convolution with stride 1 and padding 1, which `winograd` computes in inference.
+    /// `[images, c_in, height, width]`.
+    fn input(&self) -> [usize; 4] {
+        [self.images, self.c_in, self.height, self.width]
+    }
+
+    /// A 3x3 convolution with stride 1 and padding 1 (most of a ResNet's), which `winograd`
+    /// computes with its input gradient.
     fn winograd(&self) -> bool {
         self.kernel == [3, 3]
             && self.stride == [1, 1]
@@ -124,12 +127,8 @@ pub(crate) fn forward(
     g: &Geometry,
     epilogue: Option<&Epilogue>,
 ) -> Vec<f32> {
-    if epilogue.is_some() && g.winograd() {
-        let shape = [g.images, g.c_in, g.height, g.width];
-        return winograd::forward(x, weight, shape, g.c_out, epilogue);
-    }
-    if let Some(layout) = g.shifted() {
-        return shifted_conv::forward(x, weight, &layout, g.c_in, epilogue);
+    if g.winograd() {
+        return winograd::forward(x, weight, g.input(), g.c_out, epilogue);
     }
     if g.pointwise() {
         return pointwise(x, weight, g, epilogue);
@@ -208,8 +207,13 @@ pub(crate) fn gradients(
     g: &Geometry,
     wanted: [bool; 2],
 ) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
-    if let Some(layout) = g.shifted() {
-        return shifted_conv::gradients(x, weight, dy, &layout, g.c_in, wanted);
+    if g.winograd() {
+        let dx = wanted[0].then(|| winograd::input_gradient(weight, dy, g.input(), g.c_out));
+        let dw = wanted[1].then(|| match g.shifted() {
+            Some(layout) => shifted_conv::weight_gradient(x, weight, dy, &layout, g.c_in),
+            None => weight_gradient(x, dy, g),
+        });
+        return (dx, dw);
     }
     let dx = wanted[0].then(|| input_gradient(weight, dy, g));
     let dw = wanted[1].then(|| weight_gradient(x, dy, g));
@@ -253,9 +257,9 @@ fn input_gradient(weight: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
 /// A row-major `[rows, columns]` matrix's transpose, laid out (the product runs twice as fast
 /// with a contiguous left operand).
 fn transpose(values: &[f32], rows: usize, columns: usize) -> Vec<f32> {
-    (0..columns)
-        .flat_map(|c| (0..rows).map(move |r| values[r * columns + c]))
-        .collect()
+    let mut out = vec![0.0; values.len()];
+    transpose::transpose(values, &mut out, columns, rows);
+    out
 }
 
 /// `a · b` as a new row-major `[m, n]` matrix, for `[m, k, n]`: `a` is `[m, k]`, row-major;

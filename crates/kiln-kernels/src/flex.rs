@@ -226,8 +226,8 @@ mod tests {
     use burn::tensor::{Tolerance, module};
 
     /// Gradients of kiln's convolution against burn's own, for the shapes ResNets use:
-    /// 3x3 with padding at stride 1 (Winograd's tiles: odd maps, a row of 1,100, the 1x1 map)
-    /// and stride 2 (im2col), 1x1 downsampling and 1x1 in place, the 7x7 stem, and a batch that
+    /// 3x3 with padding at stride 1 (Winograd's tiles: odd maps, a row of 1,100, 4x4; im2col
+    /// below 4x4) and stride 2 (im2col), 1x1 downsampling and 1x1 in place, the 7x7 stem, and a batch that
     /// takes several groups of images.
     #[test]
     fn gradients_match_burns_convolution() {
@@ -238,8 +238,8 @@ mod tests {
             ([2, 3, 32, 32], [8, 3, 3, 3], [1, 1], [1, 1], 1e-4),
             ([3, 4, 8, 8], [5, 4, 3, 3], [2, 2], [1, 1], 1e-4),
             ([2, 6, 8, 8], [3, 6, 1, 1], [2, 2], [0, 0], 1e-4),
-            // Winograd's tiles on a 1x1 map, odd maps, one image, channels no multiple of the
-            // vector width.
+            // The 1x1 map (im2col in training), Winograd's tiles on odd maps and on 4x4, one
+            // image, channels no multiple of the vector width.
             ([1, 5, 1, 1], [3, 5, 3, 3], [1, 1], [1, 1], 1e-4),
             ([1, 17, 3, 5], [19, 17, 3, 3], [1, 1], [1, 1], 1e-4),
             ([3, 33, 4, 4], [20, 33, 3, 3], [1, 1], [1, 1], 1e-4),

@@ -226,9 +226,10 @@ mod tests {
     use burn::tensor::{Tolerance, module};
 
     /// Gradients of kiln's convolution against burn's own, for the shapes ResNets use:
-    /// 3x3 with padding at stride 1 (Winograd's tiles: odd maps, a row of 1,100, 4x4; im2col
-    /// below 4x4) and stride 2 (im2col), 1x1 downsampling and 1x1 in place, the 7x7 stem, and a batch that
-    /// takes several groups of images.
+    /// 3x3 with padding at stride 1 (Winograd's tiles on odd maps, 4x4 and a row of 1,100; the
+    /// weight gradient through shifted views from 16x16; im2col below 4x4) and at stride 2
+    /// (im2col), 1x1 downsampling and 1x1 in place, the 7x7 stem, and a batch that takes
+    /// several groups of images.
     #[test]
     fn gradients_match_burns_convolution() {
         let cases = [
@@ -246,9 +247,8 @@ mod tests {
             // 1x1 with stride 1 on a 16x16 map: multiplied in place, image by image.
             ([2, 6, 16, 16], [3, 6, 1, 1], [1, 1], [0, 0], 1e-4),
             ([1, 3, 15, 15], [4, 3, 7, 7], [2, 2], [3, 3], 1e-4),
-            // 19 MB of transformed tiles per image: one image per group, so the groups' sums
-            // count. Each weight gradient sums 32,768 products, which burn's f32 reference adds in
-            // another order.
+            // 19 MB of transformed tiles per image: one image per group. Each weight gradient
+            // sums 32,768 products, which burn's f32 reference adds in another order.
             ([2, 64, 128, 128], [8, 64, 3, 3], [1, 1], [1, 1], 1e-3),
         ];
         for (x_shape, w_shape, stride, padding, tolerance) in cases {
@@ -299,9 +299,9 @@ mod tests {
 
     /// The fused inference path against burn's operations composed (convolution, scale and shift
     /// per channel, residual, ReLU) on every route the forward takes: Winograd (3x3 at stride
-    /// 1, 16x16, 5x7 and the 1x1 map), im2col (stride 2), 1x1 convolutions multiplied in place (one
-    /// image, where the product runs in parallel, and several), with channel counts that are no
-    /// multiple of the vector width.
+    /// 1, 16x16, 5x7 and the 1x1 map), im2col (stride 2), 1x1 convolutions multiplied in place
+    /// (one image, where the product runs in parallel, and several), with channel counts that
+    /// are no multiple of the vector width.
     #[test]
     fn epilogue_matches_burns_operations() {
         let cases = [

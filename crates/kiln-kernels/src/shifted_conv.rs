@@ -96,12 +96,11 @@ fn taps() -> impl Iterator<Item = (usize, usize)> {
 /// The weight's gradient from the output's (`dy`, `[images, c_out, height, width]`).
 pub(crate) fn weight_gradient(
     x: &[f32],
-    weight: &[f32],
     dy: &[f32],
     layout: &Layout,
     c_in: usize,
+    c_out: usize,
 ) -> Vec<f32> {
-    let c_out = weight.len() / (c_in * 9);
     let grad = layout.pack(dy, c_out);
     weight_products(x, &grad, layout, c_in, c_out)
 }

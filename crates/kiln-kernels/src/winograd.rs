@@ -1,8 +1,8 @@
-//! 3x3 convolutions with stride 1 and padding 1, and both their gradients, by Winograd's minimal
-//! filtering F(2x2, 3x3) (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2015): each
-//! 2x2 block of outputs comes from a 4x4 tile of the input through 16 products per channel pair
-//! instead of 36, so the matrix products, which bound ResNet-18 on flex, do 2.25x fewer
-//! multiply-adds. The input's tiles and the kernels are transformed once, the 16 products
+//! 3x3 convolutions with stride 1 and padding 1, and their input gradient, by Winograd's minimal
+//! filtering F(2x2, 3x3) (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks",
+//! 2015): each 2x2 block of outputs comes from a 4x4 tile of the input through 16 products per
+//! channel pair instead of 36, so the matrix products, which bound ResNet-18 on flex, do 2.25x
+//! fewer multiply-adds. The input's tiles and the kernels are transformed once, the 16 products
 //! (one per position in the transformed 4x4 tile) are matrix products over all channels and
 //! tiles, and the outputs are transformed back and finished by the epilogue.
 //!
@@ -167,58 +167,45 @@ impl Tiles {
 /// [0, -1, 1, 0], [0, 1, 0, -1]]` for each 4x4 tile `d`: `[c_in, 16, columns]`, where column
 /// `image * tiles + tile` is a tile of an image of the group; in parallel over channels, a row
 /// of tiles at a time.
-///
-/// Tile `t` of a row reads the padded row's values `2t..2t + 4`; split into the values at even
-/// and at odd positions (`e`, `o`), those are `e[t], o[t], e[t + 1], o[t + 1]`, so that every
-/// loop below runs over contiguous values and vectorizes.
 fn transform_input(x: &[f32], c_in: usize, tiles: &Tiles, group: Range<usize>) -> Vec<f32> {
     let columns = group.len() * tiles.per_image();
     let (height, width) = (tiles.height, tiles.width);
     let plane = height * width;
-    let n = tiles.columns;
+    // Padded rows: a zero on the left, the row, zeros up to the last tile's right edge.
+    let padded = 2 * tiles.columns + 2;
     let write = |c: usize, out: &mut [MaybeUninit<f32>]| {
-        // The tile row's four input rows, split (`d[r]`), then `Bᵀ` down them (`v[a]`).
-        let mut d = [(); 4].map(|_| Halves::new(n + 1));
-        let mut v = [(); 4].map(|_| Halves::new(n + 1));
-        for (i, image) in group.clone().enumerate() {
-            let input = &x[(image * c_in + c) * plane..][..plane];
+        // The tile rows' four input rows, padded; then `Bᵀ` along them: `rows[a][p]`.
+        let mut d = [(); 4].map(|_| vec![0.0f32; padded]);
+        let mut rows = [(); 4].map(|_| vec![0.0f32; padded]);
+        for (i, n) in group.clone().enumerate() {
+            let input = &x[(n * c_in + c) * plane..][..plane];
             for row in 0..tiles.rows {
                 for (r, d) in d.iter_mut().enumerate() {
                     match (2 * row + r).checked_sub(1).filter(|&y| y < height) {
-                        // The left padding is the even half's first value.
-                        Some(y) => {
-                            d.even[0] = 0.0;
-                            split(&input[y * width..][..width], &mut d.odd, &mut d.even[1..]);
-                        }
-                        None => d.zero(),
+                        Some(y) => d[1..=width].copy_from_slice(&input[y * width..][..width]),
+                        None => d.fill(0.0),
                     }
                 }
-                let down = |[d0, d1, d2, d3]: [&[f32]; 4], [v0, v1, v2, v3]: [&mut [f32]; 4]| {
-                    for p in 0..=n {
-                        v0[p] = d0[p] - d2[p];
-                        v1[p] = d1[p] + d2[p];
-                        v2[p] = d2[p] - d1[p];
-                        v3[p] = d1[p] - d3[p];
+                let [d0, d1, d2, d3] = &d;
+                let [t0, t1, t2, t3] = &mut rows;
+                for p in 0..padded {
+                    t0[p] = d0[p] - d2[p];
+                    t1[p] = d1[p] + d2[p];
+                    t2[p] = d2[p] - d1[p];
+                    t3[p] = d1[p] - d3[p];
+                }
+                // ... then Bᵀ along its columns, tile by tile along the row.
+                let first = i * tiles.per_image() + row * tiles.columns;
+                for a in 0..4 {
+                    for b in 0..4 {
+                        let target = &mut out[(a * 4 + b) * columns + first..][..tiles.columns];
+                        match b {
+                            0 => along(target, &rows[a], |[r0, _, r2, _]| r0 - r2),
+                            1 => along(target, &rows[a], |[_, r1, r2, _]| r1 + r2),
+                            2 => along(target, &rows[a], |[_, r1, r2, _]| r2 - r1),
+                            _ => along(target, &rows[a], |[_, r1, _, r3]| r1 - r3),
+                        }
                     }
-                };
-                down(
-                    d.each_ref().map(|d| &d.even[..]),
-                    v.each_mut().map(|v| &mut v.even[..]),
-                );
-                down(
-                    d.each_ref().map(|d| &d.odd[..]),
-                    v.each_mut().map(|v| &mut v.odd[..]),
-                );
-                // ... then `Bᵀ` along the row, tile by tile.
-                let first = i * tiles.per_image() + row * n;
-                for (a, v) in v.iter().enumerate() {
-                    let (e, o) = (&v.even[..n], &v.odd[..n]);
-                    let (e1, o1) = (&v.even[1..], &v.odd[1..]);
-                    let at = |b: usize| (a * 4 + b) * columns + first;
-                    write_each(&mut out[at(0)..][..n], e, e1, |e, e1| e - e1);
-                    write_each(&mut out[at(1)..][..n], o, e1, |o, e1| o + e1);
-                    write_each(&mut out[at(2)..][..n], e1, o, |e1, o| e1 - o);
-                    write_each(&mut out[at(3)..][..n], o, o1, |o, o1| o - o1);
                 }
             }
         }
@@ -227,48 +214,11 @@ fn transform_input(x: &[f32], c_in: usize, tiles: &Tiles, group: Range<usize>) -
     unsafe { written_in_chunks(c_in * 16 * columns, 16 * columns, write) }
 }
 
-/// A row's values at even positions and at odd ones.
-struct Halves {
-    even: Vec<f32>,
-    odd: Vec<f32>,
-}
-
-impl Halves {
-    fn new(len: usize) -> Self {
-        Self {
-            even: vec![0.0; len],
-            odd: vec![0.0; len],
-        }
-    }
-
-    fn zero(&mut self) {
-        self.even.fill(0.0);
-        self.odd.fill(0.0);
-    }
-}
-
-/// `row[2t]` into `first[t]` and `row[2t + 1]` into `second[t]`, zeros after the row's end.
-fn split(row: &[f32], first: &mut [f32], second: &mut [f32]) {
-    let (pairs, last) = row.as_chunks::<2>();
-    for ((pair, f), s) in pairs.iter().zip(&mut *first).zip(&mut *second) {
-        *f = pair[0];
-        *s = pair[1];
-    }
-    let mut done = pairs.len();
-    if let [value] = last {
-        first[done] = *value;
-        second[done] = 0.0;
-        done += 1;
-    }
-    first[done..].fill(0.0);
-    let start = done.min(second.len());
-    second[start..].fill(0.0);
-}
-
-/// `target[t] = f(a[t], b[t])`.
-fn write_each(target: &mut [MaybeUninit<f32>], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
-    for ((target, a), b) in target.iter_mut().zip(a).zip(b) {
-        target.write(f(*a, *b));
+/// `f` of each tile's four padded values (`2 t..2 t + 4` of `row`), along a row of tiles.
+fn along(target: &mut [MaybeUninit<f32>], row: &[f32], f: impl Fn([f32; 4]) -> f32) {
+    for (t, target) in target.iter_mut().enumerate() {
+        let r = |q: usize| row[2 * t + q];
+        target.write(f([r(0), r(1), r(2), r(3)]));
     }
 }
 

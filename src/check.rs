@@ -346,7 +346,7 @@ fn print_outcome(backend: &str, outcome: &Outcome<Vec<StageDiff>>) {
         Outcome::Compared(diffs) => {
             println!(
                 "{:<8} {:<18} {:>10} {:>10} {:>10}  {:<6} worst tensor",
-                "backend", "stage", "max abs", "max rel", "tolerance", "result"
+                "backend", "stage", "max abs", "relative", "tolerance", "result"
             );
             for d in diffs {
                 println!(

@@ -433,6 +433,43 @@ fn a_wrong_update_on_one_small_tensor_fails_on_every_backend_kind() {
     assert_eq!(failed, vec![Stage::SgdBuffers]);
 }
 
+/// After AdamW's steps one entry off by 5% of the tensor's largest step (what rounding does to an
+/// entry whose gradient is near zero) passes, and the whole tensor's update 2% off fails: each
+/// parameter is compared in the norm of its update, not by its worst entry.
+#[test]
+fn the_steps_weigh_a_few_noisy_entries_as_few_and_a_whole_wrong_update_fails() {
+    let (flex, ndarray) = capture_both(&spec(18));
+    let (stage, name) = (Stage::AdamwSteps, "layer4.1.conv1.weight");
+    let adamw = |capture: &Capture| {
+        let diffs = compare::diff(&flex, capture, &Tolerances::float32());
+        diffs.into_iter().find(|d| d.stage == stage).unwrap()
+    };
+    let initial = flex.initial[name].to_vec::<f32>().unwrap();
+    let mut after = ndarray.stages[&stage][name].to_vec::<f32>().unwrap();
+    let largest_step = (after.iter().zip(&initial))
+        .map(|(a, i)| (a - i).abs())
+        .fold(0.0, f32::max);
+    after[0] += 0.05 * largest_step;
+    let mut noisy = mutated(&ndarray, stage, name, 1.0);
+    let shape = noisy.stages[&stage][name].shape.clone();
+    (noisy.stages.get_mut(&stage).unwrap()).insert(name.into(), TensorData::new(after, shape));
+    let one_entry = adamw(&noisy);
+    assert!(
+        one_entry.passed,
+        "{:.2e} at {}",
+        one_entry.max_rel, one_entry.worst
+    );
+    assert!(one_entry.max_abs >= 0.05 * largest_step as f64 * 0.99);
+
+    let wrong = adamw(&mutated(&ndarray, stage, name, 0.98));
+    assert!(
+        !wrong.passed && wrong.worst == name,
+        "2% off passed: {:.2e} at {}",
+        wrong.max_rel,
+        wrong.worst
+    );
+}
+
 /// PyTorch's runs (`tests/fixtures/trajectory/make_trajectories.py`).
 fn trajectories() -> trajectory::Fixture {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/trajectory");

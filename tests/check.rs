@@ -371,21 +371,22 @@ fn missing_tensors_wrong_shapes_and_nan_fail() {
 /// update on one tensor (a momentum or a learning rate off for one parameter group).
 fn mutated(capture: &Capture, stage: Stage, name: &str, factor: f32) -> Capture {
     let initial = capture.initial[name].to_vec::<f32>().unwrap();
-    let after = &capture.stages[&stage][name];
-    let wrong: Vec<f32> = (after.to_vec::<f32>().unwrap().iter())
-        .zip(&initial)
+    let after = capture.stages[&stage][name].to_vec::<f32>().unwrap();
+    let wrong = (after.iter().zip(&initial))
         .map(|(a, i)| i + (a - i) * factor)
         .collect();
+    replaced(capture, stage, name, wrong)
+}
+
+/// `capture` with the values of `name` after `stage` replaced by `values`.
+fn replaced(capture: &Capture, stage: Stage, name: &str, values: Vec<f32>) -> Capture {
     let mut capture = Capture {
         stages: capture.stages.clone(),
         initial: capture.initial.clone(),
     };
-    let data = TensorData::new(wrong, after.shape.clone());
-    capture
-        .stages
-        .get_mut(&stage)
-        .unwrap()
-        .insert(name.into(), data);
+    let tensors = capture.stages.get_mut(&stage).unwrap();
+    let data = TensorData::new(values, tensors[name].shape.clone());
+    tensors.insert(name.into(), data);
     capture
 }
 
@@ -450,10 +451,7 @@ fn the_steps_weigh_a_few_noisy_entries_as_few_and_a_whole_wrong_update_fails() {
         .map(|(a, i)| (a - i).abs())
         .fold(0.0, f32::max);
     after[0] += 0.05 * largest_step;
-    let mut noisy = mutated(&ndarray, stage, name, 1.0);
-    let shape = noisy.stages[&stage][name].shape.clone();
-    (noisy.stages.get_mut(&stage).unwrap()).insert(name.into(), TensorData::new(after, shape));
-    let one_entry = adamw(&noisy);
+    let one_entry = adamw(&replaced(&ndarray, stage, name, after));
     assert!(
         one_entry.passed,
         "{:.2e} at {}",

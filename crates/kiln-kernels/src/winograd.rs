@@ -47,12 +47,69 @@ const LANES: usize = 8;
 pub(crate) fn forward(
     x: &[f32],
     weight: &[f32],
+    dims: [usize; 4],
+    c_out: usize,
+    epilogue: Option<&Epilogue>,
+) -> Vec<f32> {
+    convolve(x, Kernels::Weight(weight), dims, c_out, epilogue)
+}
+
+/// The gradient of [`forward`]'s convolution (without epilogue) with respect to its input
+/// `[images, c_in, height, width]`, from the output's gradient `dy` `[images, c_out, height,
+/// width]`: the same kind of convolution, of `dy` with each kernel flipped and the channels
+/// swapped.
+pub(crate) fn input_gradient(
+    weight: &[f32],
+    dy: &[f32],
+    [images, c_in, height, width]: [usize; 4],
+    c_out: usize,
+) -> Vec<f32> {
+    convolve(
+        dy,
+        Kernels::Flipped(weight),
+        [images, c_out, height, width],
+        c_in,
+        None,
+    )
+}
+
+/// The kernels a convolution applies, as the weight holds them.
+#[derive(Clone, Copy)]
+enum Kernels<'a> {
+    /// `[c_out, c_in, 3, 3]`.
+    Weight(&'a [f32]),
+    /// A weight `[c_in, c_out, 3, 3]` (the convolution's input channels first), each kernel
+    /// turned by 180 degrees: the input gradient's.
+    Flipped(&'a [f32]),
+}
+
+impl Kernels<'_> {
+    /// The kernel from input channel `c` to output channel `k` of a convolution with `c_in`
+    /// input and `c_out` output channels, row-major.
+    fn get(&self, k: usize, c: usize, c_out: usize, c_in: usize) -> [f32; 9] {
+        match self {
+            Kernels::Weight(w) => *w[(k * c_in + c) * 9..].first_chunk().expect("a 3x3 kernel"),
+            Kernels::Flipped(w) => {
+                let mut g = *w[(c * c_out + k) * 9..]
+                    .first_chunk()
+                    .expect("a 3x3 kernel");
+                g.reverse();
+                g
+            }
+        }
+    }
+}
+
+/// [`forward`] with `kernels`.
+fn convolve(
+    x: &[f32],
+    kernels: Kernels,
     [images, c_in, height, width]: [usize; 4],
     c_out: usize,
     epilogue: Option<&Epilogue>,
 ) -> Vec<f32> {
     let tiles = Tiles::new(height, width);
-    let kernels = transform_kernels(weight, c_out, c_in);
+    let kernels = transform_kernels(kernels, c_out, c_in);
     let plane = height * width;
     let per_image = 16 * (c_in + c_out) * tiles.per_image() * std::mem::size_of::<f32>();
     let group = (CHUNK_BYTES / per_image.max(1)).max(1);
@@ -87,25 +144,6 @@ pub(crate) fn forward(
     // SAFETY: the groups cover every image, and each group's output wrote all its planes.
     unsafe { y.set_len(len) };
     y
-}
-
-/// The gradient of [`forward`]'s convolution (without epilogue) with respect to its input
-/// `[images, c_in, height, width]`, from the output's gradient `dy` `[images, c_out, height,
-/// width]`: the same kind of convolution, of `dy` with each kernel flipped and the channels
-/// swapped (`[c_in, c_out, 3, 3]`).
-pub(crate) fn input_gradient(
-    weight: &[f32],
-    dy: &[f32],
-    [images, c_in, height, width]: [usize; 4],
-    c_out: usize,
-) -> Vec<f32> {
-    let mut flipped = Vec::with_capacity(weight.len());
-    for c in 0..c_in {
-        for k in 0..c_out {
-            flipped.extend(weight[(k * c_in + c) * 9..][..9].iter().rev());
-        }
-    }
-    forward(dy, &flipped, [images, c_out, height, width], c_in, None)
 }
 
 /// How the transformed tiles (`V`, 16 matrices `[c, columns]`, where column `image * tiles +
@@ -496,12 +534,11 @@ fn at<const L: usize>([v0, v1, v2, v3]: [[f32; L]; 4]) -> [[f32; L]; 2] {
 }
 
 /// The kernels transformed, `G g Gᵀ` with `G = [[1, 0, 0], [½, ½, ½], [½, -½, ½], [0, 0, 1]]`:
-/// `[16, c_out, c_in]`.
-fn transform_kernels(weight: &[f32], c_out: usize, c_in: usize) -> Vec<f32> {
-    let mut u = vec![0.0f32; 16 * c_out * c_in];
-    for k in 0..c_out {
+/// `[c_out, 16, c_in]`, in parallel over output channels.
+fn transform_kernels(kernels: Kernels, c_out: usize, c_in: usize) -> Vec<f32> {
+    let write = |k: usize, out: &mut [MaybeUninit<f32>]| {
         for c in 0..c_in {
-            let g = &weight[(k * c_in + c) * 9..][..9];
+            let g = kernels.get(k, c, c_out, c_in);
             let gg = |q: [f32; 3]| {
                 [
                     q[0],
@@ -515,16 +552,18 @@ fn transform_kernels(weight: &[f32], c_out: usize, c_in: usize) -> Vec<f32> {
             for a in 0..4 {
                 let row = gg([columns[0][a], columns[1][a], columns[2][a]]);
                 for (b, value) in row.into_iter().enumerate() {
-                    u[((a * 4 + b) * c_out + k) * c_in + c] = value;
+                    out[(a * 4 + b) * c_in + c].write(value);
                 }
             }
         }
-    }
-    u
+    };
+    // SAFETY: each output channel writes its 16 transformed values of every input channel.
+    unsafe { written_in_chunks(c_out * 16 * c_in, 16 * c_in, write) }
 }
 
-/// The 16 products `M[ξ] = U[ξ] · V[ξ]` (`[c_out, c_in] · [c_in, columns]`), in parallel over
-/// `ξ`, the transformed input and the products laid out as `layout`.
+/// The 16 products `M[ξ] = U[ξ] · V[ξ]` (`[c_out, c_in] · [c_in, columns]`, `U[ξ]`'s rows
+/// `16 * c_in` apart in the transformed kernels), in parallel over `ξ`, the transformed input
+/// and the products laid out as `layout`.
 fn multiply(
     kernels: &[f32],
     input: &[f32],
@@ -538,8 +577,8 @@ fn multiply(
     };
     let write = |xi: usize, out: &mut [MaybeUninit<f32>]| {
         // SAFETY: `out` holds `c_out * columns` values, each at `k * out_rs + t * out_cs` for
-        // one row `k` and column `t`; the kernels of `xi` are `[c_out, c_in]` row-major at
-        // `xi * c_out * c_in`; `V[xi]`'s value `(c, t)` lies at `xi * start + c * input_rs +
+        // one row `k` and column `t`; `U[xi]`'s value `(k, c)` lies at `(k * 16 + xi) * c_in +
+        // c`, inside `kernels` (`[c_out, 16, c_in]`); `V[xi]`'s value `(c, t)` lies at `xi * start + c * input_rs +
         // t * input_cs`, inside `input` in either layout. The product writes all of `out`
         // without reading it.
         unsafe {
@@ -551,9 +590,9 @@ fn multiply(
                 out_cs as isize,
                 out_rs as isize,
                 false,
-                kernels[xi * c_out * c_in..].as_ptr(),
+                kernels[xi * c_in..].as_ptr(),
                 1,
-                c_in as isize,
+                (16 * c_in) as isize,
                 input[xi * start..].as_ptr(),
                 input_cs as isize,
                 input_rs as isize,

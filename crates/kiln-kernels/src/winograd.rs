@@ -20,7 +20,7 @@
 
 use std::array::from_fn;
 use std::mem::MaybeUninit;
-use std::ops::Range;
+use std::ops::RangeInclusive;
 
 use gemm::{Parallelism, gemm};
 use rayon::prelude::*;
@@ -36,7 +36,7 @@ const CHUNK_BYTES: usize = 32 << 20;
 /// gradients at batch 32 (`conv_shapes`) ran in 18.7 ms instead of 22.5 on 8x8 maps (256
 /// channels) and in 22.2 instead of 24.3 on 16x16 (128), but in 29 instead of 26.4 on 32x32
 /// (64) and in 30.4 instead of 28.0 on 4x4 (512; its products ran slower in this layout).
-const CHANNELS_LAST_PLANES: std::ops::RangeInclusive<usize> = 8 * 8..=16 * 16;
+const CHANNELS_LAST_PLANES: RangeInclusive<usize> = 8 * 8..=16 * 16;
 
 /// Channels transformed together in the channels-last layout: a block of this many stays in
 /// registers through a tile's transform (16 with AVX-512).
@@ -194,6 +194,7 @@ impl Tiles {
             Layout::Planes
         }
     }
+
     /// Room for a row of tiles' `Aᵀ m` in `planes_output`, made once per thread.
     fn scratch(&self) -> Scratch {
         [(); 2].map(|_| [(); 4].map(|_| vec![0.0f32; self.columns]))
@@ -272,8 +273,7 @@ impl Tiles {
     /// `Bᵀ = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]` for each 4x4 tile `d`,
     /// laid out as `Layout::Planes`; in parallel over channels, a row of tiles at a time.
     fn planes_input(&self, x: &[f32], c_in: usize) -> Vec<f32> {
-        let group = 0..x.len() / (c_in * self.plane());
-        transform_input(x, c_in, self, group)
+        planes_input(x, c_in, self)
     }
 
     /// [`Tiles::planes_input`] laid out as `Layout::ChannelsLast`: in parallel over images (each
@@ -285,12 +285,13 @@ impl Tiles {
         let zeros = vec![0.0f32; c];
         let mut input = Vec::with_capacity(len);
         input.spare_capacity_mut()[..len]
-            .par_chunks_mut(per_image)
+            .par_chunks_mut(per_image.max(1))
             .enumerate()
             .for_each_init(
                 || vec![0.0f32; plane * c],
                 |last, (image, out)| {
                     transpose::transpose(&x[image * c * plane..][..c * plane], last, plane, c);
+                    // The channels at `(y, x)` of the map padded by one all round.
                     let pixel = |y: usize, x: usize| match (y.checked_sub(1), x.checked_sub(1)) {
                         (Some(y), Some(x)) if y < self.height && x < self.width => {
                             &last[(y * self.width + x) * c..][..c]
@@ -325,52 +326,55 @@ impl Tiles {
     ) {
         let plane = self.plane();
         let columns = y.len() / (c_out * plane) * self.per_image();
-        y.par_chunks_mut(c_out * plane).enumerate().for_each_init(
-            || vec![0.0f32; plane * c_out],
-            |last, (image, y)| {
-                // Two rows of pixels per row of tiles (one for the last of an odd height).
-                let rows_of_pixels = last.par_chunks_mut(2 * self.width * c_out);
-                rows_of_pixels.enumerate().for_each(|(row, pixels)| {
-                    let rows = pixels.len() / (self.width * c_out);
-                    for t in 0..self.columns {
-                        let column = image * self.per_image() + row * self.columns + t;
-                        let m = from_fn(|a| {
-                            from_fn(|b| {
-                                &products[((a * 4 + b) * columns + column) * c_out..][..c_out]
-                            })
-                        });
-                        let at = |i: usize, j: usize| {
-                            let x = 2 * t + j;
-                            (i < rows && x < self.width).then_some((i * self.width + x) * c_out)
-                        };
-                        let targets = from_fn(|i| from_fn(|j| at(i, j)));
-                        output_tile(&m, pixels, &targets, c_out);
+        y.par_chunks_mut((c_out * plane).max(1))
+            .enumerate()
+            .for_each_init(
+                || vec![0.0f32; plane * c_out],
+                |last, (image, y)| {
+                    // Two rows of pixels per row of tiles (one for the last of an odd height).
+                    let rows_of_pixels = last.par_chunks_mut(2 * self.width * c_out);
+                    rows_of_pixels.enumerate().for_each(|(row, pixels)| {
+                        let rows = pixels.len() / (self.width * c_out);
+                        for t in 0..self.columns {
+                            let column = image * self.per_image() + row * self.columns + t;
+                            let m = from_fn(|a| {
+                                from_fn(|b| {
+                                    &products[((a * 4 + b) * columns + column) * c_out..][..c_out]
+                                })
+                            });
+                            let at = |i: usize, j: usize| {
+                                let x = 2 * t + j;
+                                (i < rows && x < self.width).then_some((i * self.width + x) * c_out)
+                            };
+                            let targets = from_fn(|i| from_fn(|j| at(i, j)));
+                            output_tile(&m, pixels, &targets, c_out);
+                        }
+                    });
+                    y.fill(MaybeUninit::new(0.0));
+                    // SAFETY: filled just above.
+                    let y = unsafe { assume_written(y) };
+                    transpose::transpose(last, y, c_out, plane);
+                    for (k, plane) in y.chunks_mut(plane).enumerate() {
+                        finish(image * c_out + k, plane);
                     }
-                });
-                y.fill(MaybeUninit::new(0.0));
-                // SAFETY: filled just above.
-                let y = unsafe { assume_written(y) };
-                transpose::transpose(last, y, c_out, plane);
-                for (k, plane) in y.chunks_mut(plane).enumerate() {
-                    finish(image * c_out + k, plane);
-                }
-            },
-        );
+                },
+            );
     }
 }
 
-/// [`Tiles::planes_input`] for the images `group` of `x`.
-fn transform_input(x: &[f32], c_in: usize, tiles: &Tiles, group: Range<usize>) -> Vec<f32> {
-    let columns = group.len() * tiles.per_image();
+/// The body of [`Tiles::planes_input`].
+fn planes_input(x: &[f32], c_in: usize, tiles: &Tiles) -> Vec<f32> {
     let (height, width) = (tiles.height, tiles.width);
     let plane = height * width;
+    let images = x.len() / (c_in * plane).max(1);
+    let columns = images * tiles.per_image();
     // Padded rows: a zero on the left, the row, zeros up to the last tile's right edge.
     let padded = 2 * tiles.columns + 2;
     let write = |c: usize, out: &mut [MaybeUninit<f32>]| {
         // The tile rows' four input rows, padded; then `Bᵀ` along them: `rows[a][p]`.
         let mut d = [(); 4].map(|_| vec![0.0f32; padded]);
         let mut rows = [(); 4].map(|_| vec![0.0f32; padded]);
-        for (i, n) in group.clone().enumerate() {
+        for n in 0..images {
             let input = &x[(n * c_in + c) * plane..][..plane];
             for row in 0..tiles.rows {
                 for (r, d) in d.iter_mut().enumerate() {
@@ -388,7 +392,7 @@ fn transform_input(x: &[f32], c_in: usize, tiles: &Tiles, group: Range<usize>) -
                     t3[p] = d1[p] - d3[p];
                 }
                 // ... then Bᵀ along its columns, tile by tile along the row.
-                let first = i * tiles.per_image() + row * tiles.columns;
+                let first = n * tiles.per_image() + row * tiles.columns;
                 for a in 0..4 {
                     for b in 0..4 {
                         let target = &mut out[(a * 4 + b) * columns + first..][..tiles.columns];

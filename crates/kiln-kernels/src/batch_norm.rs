@@ -140,14 +140,16 @@ impl Stats {
         let scale: Vec<f32> = (0..c)
             .map(|ch| (f64::from(weight[ch]) * self.inv_std[ch]) as f32)
             .collect();
-        planes_written(x.len(), h * w, |index, out| {
+        let write = |index: usize, out: &mut [MaybeUninit<f32>]| {
             let ch = index % c;
             let (m, s, b) = (self.mean[ch] as f32, scale[ch], bias[ch]);
             let input = &x[index * h * w..][..h * w];
             for (o, &v) in out.iter_mut().zip(input) {
                 o.write((v - m) * s + b);
             }
-        })
+        };
+        // SAFETY: each plane of `out` is as long as the input's, so the loop writes all of it.
+        unsafe { planes_written(x.len(), h * w, write) }
     }
 }
 
@@ -201,7 +203,11 @@ fn planes(x: &[f32], [n, c, h, w]: [usize; 4], ch: usize) -> impl Iterator<Item 
 /// `len` values written by `f(index, plane)` over their `[N * C]` planes of `plane` elements
 /// (handed over uninitialized: zeroing them first would be a pass over memory of its own), in
 /// parallel where there is enough work.
-fn planes_written(
+///
+/// # Safety
+///
+/// `f` writes every value of each plane it is handed.
+unsafe fn planes_written(
     len: usize,
     plane: usize,
     f: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync,
@@ -214,9 +220,8 @@ fn planes_written(
             .enumerate()
             .for_each(|(index, chunk)| f(index, chunk));
     }
-    // SAFETY: `f` writes every value of each plane it is handed (its callers' loops run over
-    // the whole plane), and the planes cover all `len` values (none when `plane` is 0, and
-    // then `len` is 0).
+    // SAFETY: the planes cover all `len` values (none when `plane` is 0, and then `len` is 0),
+    // and the caller's `f` wrote each.
     unsafe { out.set_len(len) };
     out
 }
@@ -264,7 +269,7 @@ impl Backward<Flex, 3> for BatchNormBackward {
 
         if let Some(node) = x_node {
             // dx = weight * inv_std * (dy - mean(dy) - x_hat * mean(dy * x_hat)).
-            let dx = planes_written(x.len(), h * w, |index, out| {
+            let write = |index: usize, out: &mut [MaybeUninit<f32>]| {
                 let ch = index % c;
                 let (m, s) = (stats.mean[ch] as f32, stats.inv_std[ch] as f32);
                 let a = (f64::from(weight[ch]) * stats.inv_std[ch]) as f32;
@@ -275,7 +280,9 @@ impl Backward<Flex, 3> for BatchNormBackward {
                 for ((o, &v), &g) in out.iter_mut().zip(input).zip(grad) {
                     o.write(a * (g - mean_dy - (v - m) * s * mean_dot));
                 }
-            });
+            };
+            // SAFETY: each plane of `out` is as long as the input's, so the loop writes all of it.
+            let dx = unsafe { planes_written(x.len(), h * w, write) };
             grads.register::<Flex>(node.id, primitive(dx, stats.shape));
         }
         let per_channel = |pick: fn(&(f64, f64)) -> f64| -> FloatTensor<Flex> {

@@ -244,9 +244,10 @@ mod tests {
             ([1, 5, 1, 1], [3, 5, 3, 3], [1, 1], [1, 1], 1e-4),
             ([1, 17, 3, 5], [19, 17, 3, 3], [1, 1], [1, 1], 1e-4),
             ([3, 33, 4, 4], [20, 33, 3, 3], [1, 1], [1, 1], 1e-4),
-            // Winograd channels-last (maps of 8x8 to 16x16): an odd map, channels past blocks
-            // of 16 both ways.
+            // Winograd channels-last (maps of 64 to 256 positions): an odd map, channels past
+            // blocks of 16 both ways; one image.
             ([2, 37, 9, 11], [21, 37, 3, 3], [1, 1], [1, 1], 1e-4),
+            ([1, 20, 8, 8], [17, 20, 3, 3], [1, 1], [1, 1], 1e-4),
             // 1x1 with stride 1 on a 16x16 map: multiplied in place, image by image.
             ([2, 6, 16, 16], [3, 6, 1, 1], [1, 1], [0, 0], 1e-4),
             ([1, 3, 15, 15], [4, 3, 7, 7], [2, 2], [3, 3], 1e-4),

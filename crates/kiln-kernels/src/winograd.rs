@@ -7,10 +7,10 @@
 //! tiles, and the outputs are transformed back and finished by the epilogue.
 //!
 //! Two layouts for the transformed tiles, by the size of the map. On large maps each plane's
-//! tiles lie in a row and the transforms run along the rows of tiles. On maps of 8x8 to 16x16
-//! those rows are a few tiles long and their loops mostly overhead, so the images are
-//! transposed channels-last first and each tile's transform runs along its channels instead,
-//! which the layers on small maps have many of.
+//! tiles lie in a row and the transforms run along the rows of tiles. On maps of 64 to 256
+//! positions (8x8 to 16x16 in a ResNet) those rows are a few tiles long and their loops mostly
+//! overhead, so the images are transposed channels-last first and each tile's transform runs
+//! along its channels instead, which the layers on small maps have many of.
 //!
 //! Training uses it for the forward pass and the input gradient (the same convolution of the
 //! output gradient with the kernels flipped); its float32 rounding stays within the gradient
@@ -32,14 +32,15 @@ use crate::uninit::{assume_written, written_in_chunks};
 /// this many bytes.
 const CHUNK_BYTES: usize = 32 << 20;
 
-/// The maps whose tiles are laid out channels-last. ResNet-18's convolution with both
-/// gradients at batch 32 (`conv_shapes`) ran in 18.7 ms instead of 22.5 on 8x8 maps (256
-/// channels) and in 22.2 instead of 24.3 on 16x16 (128), but in 29 instead of 26.4 on 32x32
-/// (64) and in 30.4 instead of 28.0 on 4x4 (512; its products ran slower in this layout).
+/// The map sizes (positions) whose tiles are laid out channels-last. ResNet-18's convolution
+/// with both gradients at batch 32 (`conv_shapes`, two runs) took 18.7 ms instead of 22.5 on
+/// 8x8 maps (256 channels) and 22.2 instead of 24.3 on 16x16 (128), but 29.2 instead of 26.4
+/// on 32x32 (64) and 30.5 and 26.1 against 27.9 and 28.1 on 4x4 (512; the products ran slower
+/// in this layout).
 const CHANNELS_LAST_PLANES: RangeInclusive<usize> = 8 * 8..=16 * 16;
 
-/// Channels transformed together in the channels-last layout: a block of this many stays in
-/// registers through a tile's transform (16 with AVX-512).
+/// Channels transformed together in the channels-last layout on CPUs without AVX-512 (16 with
+/// it): a block of this many stays in registers through a tile's transform.
 const LANES: usize = 8;
 
 /// `y = conv2d(x, weight)` with stride 1 and padding 1 for `x` `[images, c_in, height, width]`
@@ -109,6 +110,7 @@ fn convolve(
     epilogue: Option<&Epilogue>,
 ) -> Vec<f32> {
     let tiles = Tiles::new(height, width);
+    let layout = tiles.layout();
     let kernels = transform_kernels(kernels, c_out, c_in);
     let plane = height * width;
     let per_image = 16 * (c_in + c_out) * tiles.per_image() * std::mem::size_of::<f32>();
@@ -125,7 +127,6 @@ fn convolve(
                 epilogue.finish(group.start * c_out + index, plane);
             }
         };
-        let layout = tiles.layout();
         let input = match layout {
             Layout::Planes => tiles.planes_input(x, c_in),
             Layout::ChannelsLast => tiles.channels_last_input(x, c_in),
@@ -136,9 +137,12 @@ fn convolve(
             [c_out, c_in, group.len() * tiles.per_image()],
             layout,
         );
+        let columns = group.len() * tiles.per_image();
         match layout {
-            Layout::Planes => tiles.planes_output(&products, c_out, slab, finish),
-            Layout::ChannelsLast => tiles.channels_last_output(&products, c_out, slab, finish),
+            Layout::Planes => tiles.planes_output(&products, [c_out, columns], slab, finish),
+            Layout::ChannelsLast => {
+                tiles.channels_last_output(&products, [c_out, columns], slab, finish)
+            }
         }
     }
     // SAFETY: the groups cover every image, and each group's output wrote all its planes.
@@ -204,7 +208,7 @@ impl Tiles {
     /// products (`[16, c_out, columns]`): `Aᵀ m A` with `Aᵀ = [[1, 1, 1, 0], [0, 1, -1, -1]]`
     /// for each tile, clipped to the map; a row of tiles at a time, so that the loops run along
     /// it.
-    fn plane_output(
+    fn output_plane(
         &self,
         products: &[f32],
         c_out: usize,
@@ -253,27 +257,72 @@ impl Tiles {
     fn planes_output(
         &self,
         products: &[f32],
-        c_out: usize,
+        [c_out, columns]: [usize; 2],
         y: &mut [MaybeUninit<f32>],
         finish: impl Fn(usize, &mut [f32]) + Sync,
     ) {
-        let columns = y.len() / (c_out * self.plane()) * self.per_image();
-        y.par_chunks_mut(self.plane()).enumerate().for_each_init(
-            || self.scratch(),
-            |scratch, (index, out)| {
-                self.plane_output(products, c_out, columns, index, out, scratch);
-                // SAFETY: every output position lies in exactly one 2x2 tile, which
-                // `plane_output` wrote.
-                finish(index, unsafe { assume_written(out) });
-            },
-        );
+        y.par_chunks_mut(self.plane().max(1))
+            .enumerate()
+            .for_each_init(
+                || self.scratch(),
+                |scratch, (index, out)| {
+                    self.output_plane(products, c_out, columns, index, out, scratch);
+                    // SAFETY: every output position lies in exactly one 2x2 tile, which
+                    // `output_plane` wrote.
+                    finish(index, unsafe { assume_written(out) });
+                },
+            );
     }
 
     /// The group's input tiles (`x`: `[images, c, height, width]`) transformed, `Bᵀ d B` with
     /// `Bᵀ = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]` for each 4x4 tile `d`,
     /// laid out as `Layout::Planes`; in parallel over channels, a row of tiles at a time.
     fn planes_input(&self, x: &[f32], c_in: usize) -> Vec<f32> {
-        planes_input(x, c_in, self)
+        let (height, width) = (self.height, self.width);
+        let plane = height * width;
+        let images = x.len() / (c_in * plane).max(1);
+        let columns = images * self.per_image();
+        // Padded rows: a zero on the left, the row, zeros up to the last tile's right edge.
+        let padded = 2 * self.columns + 2;
+        let write = |c: usize, out: &mut [MaybeUninit<f32>]| {
+            // The tile rows' four input rows, padded; then `Bᵀ` along them: `rows[a][p]`.
+            let mut d = [(); 4].map(|_| vec![0.0f32; padded]);
+            let mut rows = [(); 4].map(|_| vec![0.0f32; padded]);
+            for n in 0..images {
+                let input = &x[(n * c_in + c) * plane..][..plane];
+                for row in 0..self.rows {
+                    for (r, d) in d.iter_mut().enumerate() {
+                        match (2 * row + r).checked_sub(1).filter(|&y| y < height) {
+                            Some(y) => d[1..=width].copy_from_slice(&input[y * width..][..width]),
+                            None => d.fill(0.0),
+                        }
+                    }
+                    let [d0, d1, d2, d3] = &d;
+                    let [t0, t1, t2, t3] = &mut rows;
+                    for p in 0..padded {
+                        t0[p] = d0[p] - d2[p];
+                        t1[p] = d1[p] + d2[p];
+                        t2[p] = d2[p] - d1[p];
+                        t3[p] = d1[p] - d3[p];
+                    }
+                    // ... then Bᵀ along its columns, tile by tile along the row.
+                    let first = n * self.per_image() + row * self.columns;
+                    for a in 0..4 {
+                        for b in 0..4 {
+                            let target = &mut out[(a * 4 + b) * columns + first..][..self.columns];
+                            match b {
+                                0 => along(target, &rows[a], |[r0, _, r2, _]| r0 - r2),
+                                1 => along(target, &rows[a], |[_, r1, r2, _]| r1 + r2),
+                                2 => along(target, &rows[a], |[_, r1, r2, _]| r2 - r1),
+                                _ => along(target, &rows[a], |[_, r1, _, r3]| r1 - r3),
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        // SAFETY: every tile of every image of the group writes its 16 transformed values.
+        unsafe { written_in_chunks(c_in * 16 * columns, 16 * columns, write) }
     }
 
     /// [`Tiles::planes_input`] laid out as `Layout::ChannelsLast`: in parallel over images (each
@@ -320,12 +369,11 @@ impl Tiles {
     fn channels_last_output(
         &self,
         products: &[f32],
-        c_out: usize,
+        [c_out, columns]: [usize; 2],
         y: &mut [MaybeUninit<f32>],
         finish: impl Fn(usize, &mut [f32]) + Sync,
     ) {
         let plane = self.plane();
-        let columns = y.len() / (c_out * plane) * self.per_image();
         y.par_chunks_mut((c_out * plane).max(1))
             .enumerate()
             .for_each_init(
@@ -360,55 +408,6 @@ impl Tiles {
                 },
             );
     }
-}
-
-/// The body of [`Tiles::planes_input`].
-fn planes_input(x: &[f32], c_in: usize, tiles: &Tiles) -> Vec<f32> {
-    let (height, width) = (tiles.height, tiles.width);
-    let plane = height * width;
-    let images = x.len() / (c_in * plane).max(1);
-    let columns = images * tiles.per_image();
-    // Padded rows: a zero on the left, the row, zeros up to the last tile's right edge.
-    let padded = 2 * tiles.columns + 2;
-    let write = |c: usize, out: &mut [MaybeUninit<f32>]| {
-        // The tile rows' four input rows, padded; then `Bᵀ` along them: `rows[a][p]`.
-        let mut d = [(); 4].map(|_| vec![0.0f32; padded]);
-        let mut rows = [(); 4].map(|_| vec![0.0f32; padded]);
-        for n in 0..images {
-            let input = &x[(n * c_in + c) * plane..][..plane];
-            for row in 0..tiles.rows {
-                for (r, d) in d.iter_mut().enumerate() {
-                    match (2 * row + r).checked_sub(1).filter(|&y| y < height) {
-                        Some(y) => d[1..=width].copy_from_slice(&input[y * width..][..width]),
-                        None => d.fill(0.0),
-                    }
-                }
-                let [d0, d1, d2, d3] = &d;
-                let [t0, t1, t2, t3] = &mut rows;
-                for p in 0..padded {
-                    t0[p] = d0[p] - d2[p];
-                    t1[p] = d1[p] + d2[p];
-                    t2[p] = d2[p] - d1[p];
-                    t3[p] = d1[p] - d3[p];
-                }
-                // ... then Bᵀ along its columns, tile by tile along the row.
-                let first = n * tiles.per_image() + row * tiles.columns;
-                for a in 0..4 {
-                    for b in 0..4 {
-                        let target = &mut out[(a * 4 + b) * columns + first..][..tiles.columns];
-                        match b {
-                            0 => along(target, &rows[a], |[r0, _, r2, _]| r0 - r2),
-                            1 => along(target, &rows[a], |[_, r1, r2, _]| r1 + r2),
-                            2 => along(target, &rows[a], |[_, r1, r2, _]| r2 - r1),
-                            _ => along(target, &rows[a], |[_, r1, _, r3]| r1 - r3),
-                        }
-                    }
-                }
-            }
-        }
-    };
-    // SAFETY: every tile of every image of the group writes its 16 transformed values.
-    unsafe { written_in_chunks(c_in * 16 * columns, 16 * columns, write) }
 }
 
 /// `f` of each tile's four padded values (`2 t..2 t + 4` of `row`), along a row of tiles.
@@ -537,8 +536,8 @@ fn at<const L: usize>([v0, v1, v2, v3]: [[f32; L]; 4]) -> [[f32; L]; 2] {
     ]
 }
 
-/// The kernels transformed, `G g Gᵀ` with `G = [[1, 0, 0], [½, ½, ½], [½, -½, ½], [0, 0, 1]]`:
-/// `[c_out, 16, c_in]`, in parallel over output channels.
+/// The kernels transformed, `G g Gᵀ` with `G = [[1, 0, 0], [½, ½, ½], [½, -½, ½],
+/// [0, 0, 1]]`: `[c_out, 16, c_in]`, in parallel over output channels.
 fn transform_kernels(kernels: Kernels, c_out: usize, c_in: usize) -> Vec<f32> {
     let write = |k: usize, out: &mut [MaybeUninit<f32>]| {
         for c in 0..c_in {
@@ -582,9 +581,10 @@ fn multiply(
     let write = |xi: usize, out: &mut [MaybeUninit<f32>]| {
         // SAFETY: `out` holds `c_out * columns` values, each at `k * out_rs + t * out_cs` for
         // one row `k` and column `t`; `U[xi]`'s value `(k, c)` lies at `(k * 16 + xi) * c_in +
-        // c`, inside `kernels` (`[c_out, 16, c_in]`); `V[xi]`'s value `(c, t)` lies at `xi * start + c * input_rs +
-        // t * input_cs`, inside `input` in either layout. The product writes all of `out`
-        // without reading it.
+        // c`, inside `kernels` (`[c_out, 16, c_in]`); `V[xi]`'s value `(c, t)` lies at
+        // `xi * start + c * input_rs + t * input_cs`, inside `input` in either layout (the
+        // pointers are only offset, not read, where a dimension is empty). The product writes
+        // all of `out` without reading it.
         unsafe {
             gemm(
                 c_out,
@@ -594,10 +594,10 @@ fn multiply(
                 out_cs as isize,
                 out_rs as isize,
                 false,
-                kernels[xi * c_in..].as_ptr(),
+                kernels.as_ptr().wrapping_add(xi * c_in),
                 1,
                 (16 * c_in) as isize,
-                input[xi * start..].as_ptr(),
+                input.as_ptr().wrapping_add(xi * start),
                 input_cs as isize,
                 input_rs as isize,
                 0.0,

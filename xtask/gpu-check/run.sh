@@ -199,7 +199,7 @@ diagnose() {
             # Still compiling (a kernel logged in the last 10 s) or stuck (nothing for longer).
             local quiet=$(( $(date +%s) - $(stat -c %Y "$OUT/diagnosis.$round.log") ))
             if [ "$compiled" -gt 0 ] && [ "$quiet" -le 10 ]; then
-                verdict="SLOW COMPILATION: the $round warm-up did not end in 75 s but was still compiling: $compiled kernels, $(awk -v n="$compiled" 'BEGIN { printf "%.2f", 75 / n }') s each (the first step needs every kernel it and autotuning launch)"
+                verdict="SLOW COMPILATION: the $round warm-up did not end in 75 s but was still compiling: $compiled kernels, $(awk -v n="$compiled" -v t="$((SECONDS - start))" 'BEGIN { printf "%.2f", t / n }') s each (the first step needs every kernel it and autotuning launch)"
             else
                 verdict="A HANG: the $round warm-up did not end in 75 s and logged nothing for its last $quiet s; last kernel logged: $(grep -E 'ompiling' "$OUT/diagnosis.$round.log" | tail -n1 | cut -c1-160)"
             fi

@@ -14,6 +14,7 @@ use burn::tensor::{DType, Tensor, TensorData, TensorMetadata, TensorPrimitive, b
 
 use crate::epilogue::Epilogue;
 use crate::gemm_conv::{self, Geometry};
+use crate::winograd::Pass;
 
 /// The training backend this path serves: flex under burn's default (no checkpointing) autodiff.
 pub(crate) type Train = Autodiff<Flex>;
@@ -37,6 +38,7 @@ pub(crate) fn conv2d<B: Backend>(
             weight.into_primitive().tensor(),
             options,
             None,
+            Pass::Inference,
         );
         return same(Tensor::<Flex, 4>::from_primitive(TensorPrimitive::Float(y)));
     }
@@ -72,12 +74,22 @@ fn train_conv2d(
             let state = (x_state, weight_state, options.clone());
             prep.finish(
                 state,
-                forward(x.primitive, weight.primitive, &options, None),
+                forward(
+                    x.primitive,
+                    weight.primitive,
+                    &options,
+                    None,
+                    Pass::Training,
+                ),
             )
         }
-        OpsKind::UnTracked(prep) => {
-            prep.finish(forward(x.primitive, weight.primitive, &options, None))
-        }
+        OpsKind::UnTracked(prep) => prep.finish(forward(
+            x.primitive,
+            weight.primitive,
+            &options,
+            None,
+            Pass::Training,
+        )),
     };
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
@@ -124,10 +136,11 @@ fn forward(
     weight: FloatTensor<Flex>,
     options: &ConvOptions<2>,
     epilogue: Option<&Epilogue>,
+    pass: Pass,
 ) -> FloatTensor<Flex> {
     let y_shape = output_shape(&x, &weight, options);
     let geometry = Geometry::new(dims(&x), dims(&weight), y_shape, options);
-    let y = gemm_conv::forward(&values(&x), &values(&weight), &geometry, epilogue);
+    let y = gemm_conv::forward(&values(&x), &values(&weight), &geometry, epilogue, pass);
     primitive(y, y_shape)
 }
 
@@ -180,7 +193,7 @@ pub(crate) fn conv2d_epilogue<B: Backend>(
         residual: residual.as_deref(),
         relu: epilogue.relu,
     };
-    let y = forward(x, weight, options, Some(&finish));
+    let y = forward(x, weight, options, Some(&finish), Pass::Inference);
     same(Tensor::<Flex, 4>::from_primitive(TensorPrimitive::Float(y)))
 }
 
@@ -303,12 +316,14 @@ mod tests {
 
     /// The fused inference path against burn's operations composed (convolution, scale and shift
     /// per channel, residual, ReLU) on every route the forward takes: Winograd (3x3 at stride
-    /// 1, 16x16, 5x7 and the 1x1 map), im2col (stride 2), 1x1 convolutions multiplied in place
-    /// (one image, where the product runs in parallel, and several), with channel counts that
-    /// are no multiple of the vector width.
+    /// 1: F(4x4, 3x3) on 8x8 maps of 32 channels, F(2x2, 3x3) on 16x16, 5x7 and the 1x1 map),
+    /// im2col (stride 2), 1x1 convolutions multiplied in place (one image, where the product
+    /// runs in parallel, and several), with channel counts that are no multiple of the vector
+    /// width.
     #[test]
     fn epilogue_matches_burns_operations() {
         let cases = [
+            ([3, 32, 8, 8], [17, 32, 3, 3], 1, 1),
             ([2, 5, 16, 16], [17, 5, 3, 3], 1, 1),
             ([3, 4, 5, 7], [6, 4, 3, 3], 1, 1),
             ([2, 6, 9, 9], [3, 6, 3, 3], 2, 1),

@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use crate::epilogue::Epilogue;
 use crate::shifted_conv::{self, Layout};
 use crate::uninit::{assume_written, written_in_chunks};
-use crate::winograd;
+use crate::winograd::{self, Pass};
 
 /// im2col matrices are built for as many images at a time as fit in this many bytes, which bounds
 /// the extra memory whatever the batch size; larger groups make faster products.
@@ -133,9 +133,10 @@ pub(crate) fn forward(
     weight: &[f32],
     g: &Geometry,
     epilogue: Option<&Epilogue>,
+    pass: Pass,
 ) -> Vec<f32> {
-    if g.winograd() && (epilogue.is_some() || g.tiled()) {
-        return winograd::forward(x, weight, g.input(), g.c_out, epilogue);
+    if g.winograd() && (pass == Pass::Inference || g.tiled()) {
+        return winograd::forward(x, weight, g.input(), g.c_out, epilogue, pass);
     }
     if g.pointwise() {
         return pointwise(x, weight, g, epilogue);

@@ -4,7 +4,8 @@
 //! whole output gradient, which flex runs at a fifth to a tenth of its matrix-product speed; on
 //! ResNet-18 that was half the training step. Here the convolution and both its gradients are
 //! matrix products over im2col matrices (`gemm_conv`) or, for 3x3 convolutions with stride 1,
-//! Winograd's F(2x2, 3x3) (`winograd`: 2.25x fewer multiply-adds), installed as a custom autodiff
+//! Winograd's minimal filtering (`winograd`: F(2x2, 3x3) in training, 2.25x fewer multiply-adds;
+//! F(4x4, 3x3), 4x fewer, in inference where it is the faster), installed as a custom autodiff
 //! operation on `Autodiff<Flex>` (burn's backend-extension mechanism), not a fork of burn.
 //!
 //! Models stay generic over `Backend`: [`conv2d`] takes any backend and uses kiln's kernels only

@@ -11,7 +11,8 @@
 //! transforms run along the rows of tiles. On maps of 64 to 256 positions (8x8 to 16x16 in a
 //! ResNet) those rows are a few tiles long and their loops mostly overhead, so the images are
 //! transposed channels-last first and each tile's transform runs along its channels instead,
-//! which the layers on small maps have many of.
+//! which the layers on small maps have many of. F(4x4, 3x3) always takes the channels-last
+//! layout (the plane layout's row loops are written for F(2x2, 3x3)).
 //!
 //! Training uses F(2x2, 3x3) for the forward pass and the input gradient (the same convolution
 //! of the output gradient with the kernels flipped); its float32 rounding stays within the
@@ -52,8 +53,9 @@ const LANES: usize = 8;
 pub(crate) enum Pass {
     /// Training: F(2x2, 3x3), whose rounding keeps the PyTorch trajectories' bounds.
     Training,
-    /// Inference: F(4x4, 3x3), 36 products per 4x4 block of outputs instead of F(2x2, 3x3)'s
-    /// 64, with a larger rounding error (its transforms hold 4s, 5s and sixths) that only a
+    /// Inference: F(4x4, 3x3) where [`takes_f4`] says it is the faster (36 products per 4x4
+    /// block of outputs instead of F(2x2, 3x3)'s 64), F(2x2, 3x3) elsewhere, on every map size;
+    /// F(4x4, 3x3)'s larger rounding error (its transforms hold 4s, 5s and sixths) is one only a
     /// forward pass has to carry.
     Inference,
 }
@@ -403,6 +405,7 @@ impl Tiles {
         y: &mut [MaybeUninit<f32>],
         finish: impl Fn(usize, &mut [f32]) + Sync,
     ) {
+        debug_assert_eq!(self.step, 2, "the plane layout is F(2x2, 3x3)'s");
         y.par_chunks_mut(self.plane().max(1))
             .enumerate()
             .for_each_init(
@@ -420,6 +423,7 @@ impl Tiles {
     /// `Bᵀ = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]` for each 4x4 tile `d`,
     /// laid out as `Layout::Planes`; in parallel over channels, a row of tiles at a time.
     fn planes_input(&self, x: &[f32], c_in: usize) -> Vec<f32> {
+        debug_assert_eq!(self.step, 2, "the plane layout is F(2x2, 3x3)'s");
         let (height, width) = (self.height, self.width);
         let plane = height * width;
         let images = x.len() / (c_in * plane).max(1);
@@ -757,6 +761,11 @@ fn transform_kernels_by_product<const T: usize, const M: usize, W: Minimal<T, M>
         }
         Kernels::Flipped(w) => (Cow::Borrowed(w), true),
     };
+    assert_eq!(
+        nine.len(),
+        c_in * c_out * 9,
+        "a 3x3 kernel for each channel pair"
+    );
     // `Kᵀ`: row `3 i + j` (`8 - 3 i - j` turned) is `G[a][i] G[b][j]` at column `a T + b`.
     let g: [[f32; T]; 3] = from_fn(|i| W::g(from_fn(|q| if q == i { 1.0 } else { 0.0 })));
     let mut k_t = vec![0.0f32; 9 * T * T];
@@ -818,8 +827,8 @@ fn multiply(
     let write = |xi: usize, out: &mut [MaybeUninit<f32>]| {
         // SAFETY: `out` holds `c_out * columns` values, each at `k * out_rs + t * out_cs` for
         // one row `k` and column `t`; `U[xi]`'s value `(k, c)` lies at `xi * step + c * cs + k *
-        // rs` inside `kernels` (`[positions, c_out, c_in]` in one of two orders); `V[xi]`'s value `(c, t)` lies at
-        // `xi * start + c * input_rs + t * input_cs`, inside `input` in either layout (the
+        // rs` inside `kernels` (`[c_out, positions, c_in]` or `[positions, c_in, c_out]`, as
+        // `Transformed` says); `V[xi]`'s value `(c, t)` lies at `xi * start + c * input_rs + t * input_cs`, inside `input` in either layout (the
         // pointers are only offset, not read, where a dimension is empty). The product writes
         // all of `out` without reading it.
         unsafe {

@@ -49,7 +49,7 @@ const CHANNELS_LAST_PLANES: RangeInclusive<usize> = 8 * 8..=16 * 16;
 const LANES: usize = 8;
 
 /// What a forward convolution is for, which decides the algorithm's tile size.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pass {
     /// Training: F(2x2, 3x3), whose rounding keeps the PyTorch trajectories' bounds.
     Training,
@@ -879,10 +879,13 @@ mod tests {
             })
             .collect();
         let tile: Tile<T> = from_fn(|i| from_fn(|j| &values[i * T + j][..]));
-        // Within a few roundings of each term's size (the coefficients reach 5 and 8).
-        let near = |got: f32, terms: Vec<f64>| {
-            let expected: f64 = terms.iter().sum();
-            let size: f64 = terms.iter().map(|t| t.abs()).sum();
+        // `left ᵀ tile right` in channel `ch`, within a few roundings of its terms' size (the
+        // coefficients reach 5 and 8).
+        let near = |got: f32, left: &[f32; T], right: &[f32; T], ch: usize| {
+            let terms = (0..T)
+                .flat_map(|p| (0..T).map(move |q| (p, q)))
+                .map(|(p, q)| f64::from(left[p] * tile[p][q][ch] * right[q]));
+            let (expected, size) = terms.fold((0.0, 0.0), |(e, s), t| (e + t, s + t.abs()));
             (f64::from(got) - expected).abs() <= 1e-6 * size
         };
 
@@ -899,12 +902,11 @@ mod tests {
         assert_eq!(transformed, input(input_tile_in::<T, M, W, 1>));
         for ch in [0, 15, 16, 36] {
             for (a, b) in (0..T).flat_map(|a| (0..T).map(move |b| (a, b))) {
-                let terms = (0..T)
-                    .flat_map(|i| (0..T).map(move |j| (i, j)))
-                    .map(|(i, j)| f64::from(b_t[a][i] * tile[i][j][ch] * b_t[b][j]))
-                    .collect();
                 let got = transformed[(a * T + b) * c + ch];
-                assert!(near(got, terms), "({a}, {b}) channel {ch}: {got}");
+                assert!(
+                    near(got, &b_t[a], &b_t[b], ch),
+                    "({a}, {b}) channel {ch}: {got}"
+                );
             }
         }
 
@@ -919,12 +921,11 @@ mod tests {
         assert_eq!(pixels, output(output_tile_in::<T, M, W, 1>));
         for ch in [0, 15, 16, 36] {
             for (i, j) in (0..M).flat_map(|i| (0..M).map(move |j| (i, j))) {
-                let terms = (0..T)
-                    .flat_map(|a| (0..T).map(move |b| (a, b)))
-                    .map(|(a, b)| f64::from(a_t[i][a] * tile[a][b][ch] * a_t[j][b]))
-                    .collect();
                 let got = pixels[(i * M + j) * c + ch];
-                assert!(near(got, terms), "({i}, {j}) channel {ch}: {got}");
+                assert!(
+                    near(got, &a_t[i], &a_t[j], ch),
+                    "({i}, {j}) channel {ch}: {got}"
+                );
             }
         }
     }

@@ -15,7 +15,7 @@ use kiln_check::bench::{self, Budget, Measurement, Mode, Target, Workload};
 use kiln_check::compare::{self, Capture, CompareSpec, StageDiff, Tolerances};
 use kiln_check::parity::{self, Parity};
 use kiln_check::trajectory::{self, Fixture, RunDiff, Setup, Trajectory};
-use kiln_models::{ResNetConfig, Stem};
+use kiln_models::{Precision, ResNetConfig, Stem};
 
 #[derive(Args)]
 pub struct CompareArgs {
@@ -514,6 +514,11 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "train,infer")]
     modes: Vec<String>,
 
+    /// The convolutions' float types to measure, comma-separated: f32, bf16, f16 (as the
+    /// config's `precision`; PyTorch's rows are eager f32 and channels-last with bf16 autocast).
+    #[arg(long, value_delimiter = ',', default_value = "f32")]
+    precision: Vec<String>,
+
     /// Untimed steps before measuring (kernel compilation, autotuning).
     #[arg(long, default_value_t = 2)]
     warmup: usize,
@@ -550,11 +555,20 @@ pub fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
     } else {
         parse_backends(&args.backends)?
     };
-    let workloads = args
-        .models
+    let precisions = args
+        .precision
         .iter()
-        .map(|name| Workload::parse(name).map_err(anyhow::Error::msg))
+        .map(|name| {
+            Precision::from_name(name).with_context(|| {
+                format!("unknown precision `{name}`: use f32, bf16 or f16 (comma-separated)")
+            })
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut workloads = Vec::new();
+    for name in &args.models {
+        let workload = Workload::parse(name).map_err(anyhow::Error::msg)?;
+        workloads.extend(precisions.iter().map(|&p| workload.clone().in_precision(p)));
+    }
     let modes = args
         .modes
         .iter()
@@ -686,7 +700,7 @@ impl BackendTask for Measure {
                 for &mode in &self.modes {
                     let label = format!(
                         "{} {} batch {batch} {}",
-                        target.backend,
+                        workload.variant(target.backend),
                         workload.name,
                         mode.name()
                     );

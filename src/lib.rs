@@ -66,6 +66,7 @@ pub fn train(
         run: RunDir::open(&run.path),
         resume,
         compiles_kernels: resolved.backend.compiles_kernels(),
+        notices: kiln_backend::notices(resolved.backend),
         memory: MemoryMeter::for_device(&resolved),
         cluster,
         stop,
@@ -78,6 +79,8 @@ struct Train {
     run: RunDir,
     resume: bool,
     compiles_kernels: bool,
+    /// What the console says about the device when the run starts.
+    notices: Vec<String>,
     memory: MemoryMeter,
     cluster: Option<Cluster>,
     stop: Arc<AtomicBool>,
@@ -87,7 +90,8 @@ impl BackendTask for Train {
     type Output = Result<Outcome, TrainError>;
 
     fn run<B: AutodiffBackend>(mut self, devices: Vec<B::Device>) -> Self::Output {
-        let mut console = Console::new(self.config.logging.print_every, self.compiles_kernels);
+        let mut console = Console::new(self.config.logging.print_every, self.compiles_kernels)
+            .with_notes(self.notices);
         let placement = Placement {
             devices,
             cluster: self.cluster,

@@ -4,6 +4,7 @@ mod cpu;
 mod devices;
 mod plan;
 mod predict;
+mod shard;
 mod stats;
 mod summary;
 mod train;
@@ -71,6 +72,12 @@ enum Command {
         after_help = "Examples:\n  kiln plan --config configs/imagefolder-resnet50.toml\n  kiln plan --config configs/cifar10-resnet18-sgd.toml --set batch_size=512 --memory 8GiB\n  kiln plan --config configs/quickstart.toml --measure"
     )]
     Plan(plan::PlanArgs),
+
+    /// Write a config's data set (training and validation parts) as WebDataset tar shards.
+    #[command(
+        after_help = "Examples:\n  kiln shard --config configs/quickstart.toml --out data/digits-shards\n  kiln shard --config configs/imagefolder-resnet50.toml --out /data/shards --size 1GB"
+    )]
+    Shard(shard::ShardArgs),
 
     /// A ResNet stage by stage: output shapes, parameters, multiply-adds and training memory.
     #[command(
@@ -140,6 +147,7 @@ fn main() -> ExitCode {
         Command::Warmup(args) => train::run_warmup(args),
         Command::Plan(args) => plan::run(args),
         Command::Stats(args) => stats::run(args),
+        Command::Shard(args) => shard::run(args),
         Command::LrFind(args) => train::run_lr_find(args),
         Command::Summary(args) => summary::run(args),
         Command::Compare(args) => check::run_compare(args),

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, bail};
 use clap::Args;
 use kiln::{BackendChoice, DeviceSelection};
+use kiln_train::launch::Launch;
 use kiln_train::{Outcome, RunDir, TrainConfig};
 
 #[derive(Args)]
@@ -27,15 +28,19 @@ pub struct TrainArgs {
 }
 
 /// A run over several machines: start the same command on each, with its own --node-rank.
+/// Under SLURM's srun or a torchrun-style launcher these come from the environment (see
+/// `kiln_train::launch`); a flag given wins over it.
 #[derive(Args)]
 struct ClusterOptions {
     /// Machines in the run (each trains on its --devices; batch_size is split over all).
-    #[arg(long, default_value_t = 1)]
-    nodes: usize,
+    /// Default: the launcher's process count, else 1.
+    #[arg(long)]
+    nodes: Option<usize>,
 
-    /// This machine's number, 0 to nodes-1. Machine 0 runs the coordinator.
-    #[arg(long, default_value_t = 0)]
-    node_rank: usize,
+    /// This machine's number, 0 to nodes-1. Machine 0 runs the coordinator. Default: the
+    /// launcher's rank, else 0.
+    #[arg(long)]
+    node_rank: Option<usize>,
 
     /// host:port of the coordinator on machine 0, reachable from every machine.
     #[arg(long)]
@@ -48,27 +53,29 @@ struct ClusterOptions {
 }
 
 impl ClusterOptions {
-    fn cluster(&self) -> anyhow::Result<Option<kiln::Cluster>> {
-        if self.nodes <= 1 {
+    /// The run's machines from the flags, each missing one from `launch`.
+    fn cluster(&self, launch: Option<&Launch>) -> anyhow::Result<Option<kiln::Cluster>> {
+        let nodes = self.nodes.or(launch.map(|l| l.processes)).unwrap_or(1);
+        if nodes <= 1 {
             return Ok(None);
         }
-        if self.node_rank >= self.nodes {
+        let rank = self.node_rank.or(launch.map(|l| l.rank)).unwrap_or(0);
+        if rank >= nodes {
             bail!(
-                "--node-rank {} is out of range for --nodes {}: use 0 to {}",
-                self.node_rank,
-                self.nodes,
-                self.nodes - 1
+                "--node-rank {rank} is out of range for --nodes {nodes}: use 0 to {}",
+                nodes - 1
             );
         }
-        let Some(coordinator) = self.coordinator.clone() else {
-            bail!(
-                "--nodes {} needs --coordinator host:port (machine 0's address)",
-                self.nodes
-            );
+        let coordinator = self
+            .coordinator
+            .clone()
+            .or(launch.map(|l| l.coordinator.clone()));
+        let Some(coordinator) = coordinator else {
+            bail!("--nodes {nodes} needs --coordinator host:port (machine 0's address)");
         };
         Ok(Some(kiln::Cluster {
-            nodes: self.nodes,
-            rank: self.node_rank,
+            nodes,
+            rank,
             coordinator,
             node_address: self.node_address.clone(),
         }))
@@ -126,8 +133,22 @@ impl ConfigOptions {
     }
 }
 
-pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
-    let cluster = args.cluster.cluster()?;
+pub fn run_train(mut args: TrainArgs) -> anyhow::Result<()> {
+    let launch = Launch::from_env(|key| std::env::var(key).ok())?;
+    if let Some(launch) = &launch {
+        let flags = &args.cluster;
+        let given =
+            flags.nodes.is_some() || flags.node_rank.is_some() || flags.coordinator.is_some();
+        let wins = match given || args.options.devices.is_some() {
+            true => "; the flags given on the command line win over it",
+            false => "",
+        };
+        eprintln!("{}{wins}", launch.describe());
+        if args.options.devices.is_none() {
+            args.options.devices = launch.local_device.map(|d| d.to_string());
+        }
+    }
+    let cluster = args.cluster.cluster(launch.as_ref())?;
     let (config, run, resume) = match (&args.config, &args.resume) {
         (_, Some(dir)) => {
             let run = RunDir::open(dir);

@@ -165,6 +165,162 @@ fn long_run(dir: &Path) -> String {
     path.to_string_lossy().into_owned()
 }
 
+/// The run folders of machines `nodes` hold the same parameters as one process's run in
+/// `single` (within float rounding), and the last machine logged the whole step's loss.
+fn assert_train_as_one(config: &TrainConfig, single: &Path, nodes: &[PathBuf]) {
+    let expected = parameters(config, &model_file(single));
+    for (rank, node) in nodes.iter().enumerate() {
+        let actual = parameters(config, &model_file(node));
+        let difference = expected
+            .iter()
+            .zip(&actual)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(
+            difference < 2e-5,
+            "node {rank}'s parameters differ from one process's by {difference}"
+        );
+    }
+    // The machines logged the whole step's loss, not their half's.
+    let loss = |runs: &Path| -> Vec<f64> {
+        let run = model_file(runs).parent().unwrap().to_path_buf();
+        std::fs::read_to_string(run.join("metrics.csv"))
+            .unwrap()
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
+            .collect()
+    };
+    let (single, node) = (loss(single), loss(nodes.last().unwrap()));
+    assert_eq!(single.len(), 2);
+    for (a, b) in single.iter().zip(&node) {
+        assert!(
+            (a - b).abs() < 1e-4,
+            "train loss {a} on one process, {b} on the last node"
+        );
+    }
+}
+
+/// Starts two `kiln train` processes of `config` with no cluster flags, each with the
+/// environment `env(rank)` a job launcher would give it, its run folder `runs(rank)`.
+fn launch_two(
+    config: &str,
+    runs: impl Fn(usize) -> PathBuf,
+    env: impl Fn(usize) -> Vec<(String, String)>,
+) {
+    let nodes: Vec<Child> = (0..2)
+        .map(|rank| {
+            Command::new(env!("CARGO_BIN_EXE_kiln"))
+                .arg("train")
+                .args(new_run(config, &runs(rank)))
+                .args(["--backend", "flex"])
+                .envs(env(rank))
+                .env_remove("RUST_BACKTRACE")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (rank, node) in nodes.into_iter().enumerate() {
+        let (ok, stderr) = finish(node, Duration::from_secs(300));
+        assert!(ok, "process {rank} failed: {stderr}");
+        assert!(stderr.contains("started by"), "{stderr}");
+    }
+}
+
+/// A SLURM job id whose coordinator port (15000 + its last four digits) is free now.
+fn free_job_id() -> u64 {
+    loop {
+        let job = fastrand::u64(100_000..10_000_000);
+        let port = kiln_train::launch::slurm_port(job);
+        let free = |p: u16| std::net::TcpListener::bind(("0.0.0.0", p)).is_ok();
+        if free(port) && free(port + 3) {
+            return job;
+        }
+    }
+}
+
+#[test]
+fn srun_and_torchrun_environments_start_a_run_without_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("cluster.toml");
+    std::fs::write(&config_path, CONFIG).unwrap();
+    let config = TrainConfig::load(&config_path, &[]).unwrap();
+    let config_arg = config_path.to_string_lossy().into_owned();
+    let runs = |name: String| dir.path().join(name);
+    let single = kiln(&[
+        "train",
+        "--config",
+        &config_arg,
+        "--backend",
+        "flex",
+        "--set",
+        &format!("logging.runs_dir='{}'", runs("single".into()).display()),
+    ]);
+    assert!(single.status.success(), "{:?}", errors(&single));
+
+    let job = free_job_id().to_string();
+    let srun = |rank: usize| {
+        [
+            ("SLURM_JOB_ID", job.as_str()),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_PROCID", ["0", "1"][rank]),
+            ("SLURM_STEP_NUM_TASKS", "2"),
+            ("SLURM_STEP_NUM_NODES", "2"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_STEP_NODELIST", "127.0.0.[1-2]"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .to_vec()
+    };
+    launch_two(&config_arg, |rank| runs(format!("srun{rank}")), srun);
+
+    let port = free_port().to_string();
+    let torchrun = |rank: usize| {
+        [
+            ("RANK", ["0", "1"][rank]),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "0"),
+            ("LOCAL_WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", port.as_str()),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .to_vec()
+    };
+    launch_two(
+        &config_arg,
+        |rank| runs(format!("torchrun{rank}")),
+        torchrun,
+    );
+
+    for launcher in ["srun", "torchrun"] {
+        let nodes = [0, 1].map(|rank| runs(format!("{launcher}{rank}")));
+        assert_train_as_one(&config, &runs("single".into()), &nodes);
+    }
+}
+
+#[test]
+fn a_malformed_launcher_variable_is_one_clear_line() {
+    let output = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "train",
+            "--config",
+            "configs/quickstart.toml",
+            "--backend",
+            "flex",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .envs([("WORLD_SIZE", "2"), ("RANK", "first")])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let errors = errors(&output);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains("RANK=\"first\""), "{errors:?}");
+}
+
 #[test]
 fn two_processes_through_the_coordinator_train_as_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -191,38 +347,7 @@ fn two_processes_through_the_coordinator_train_as_one() {
         assert!(ok, "node {rank} failed: {stderr}");
     }
 
-    let expected = parameters(&config, &model_file(&runs("single")));
-    for rank in 0..2 {
-        let actual = parameters(&config, &model_file(&runs(&format!("node{rank}"))));
-        let difference = expected
-            .iter()
-            .zip(&actual)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        assert!(
-            difference < 2e-5,
-            "node {rank}'s parameters differ from one process's by {difference}"
-        );
-    }
-    // Both machines logged the whole step's loss, not their half's.
-    let metrics = |name: &str| {
-        let run = model_file(&runs(name)).parent().unwrap().to_path_buf();
-        std::fs::read_to_string(run.join("metrics.csv")).unwrap()
-    };
-    let loss = |text: String| -> Vec<f64> {
-        text.lines()
-            .skip(1)
-            .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
-            .collect()
-    };
-    let (single, node) = (loss(metrics("single")), loss(metrics("node1")));
-    assert_eq!(single.len(), 2);
-    for (a, b) in single.iter().zip(&node) {
-        assert!(
-            (a - b).abs() < 1e-4,
-            "train loss {a} on one process, {b} on node 1"
-        );
-    }
+    assert_train_as_one(&config, &runs("single"), &[runs("node0"), runs("node1")]);
 }
 
 #[test]

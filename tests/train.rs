@@ -649,3 +649,49 @@ fn first_iteration(console: &str) -> Option<usize> {
         .filter_map(|rest| rest.split(']').next()?.parse().ok())
         .min()
 }
+
+#[test]
+fn the_quickstart_from_its_shards_trains_as_from_the_shipped_digits() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("shards");
+    let written = kiln(&[
+        "shard",
+        "--config",
+        "configs/quickstart.toml",
+        "--out",
+        shards.to_str().unwrap(),
+        "--size",
+        "64KiB",
+    ]);
+    assert!(written.status.success(), "{:?}", errors(&written));
+    let stdout = String::from_utf8_lossy(&written.stdout);
+    assert!(stdout.contains("train: 1500 images in"), "{stdout}");
+    let source = stdout.lines().last().unwrap();
+    assert!(source.contains("train-{000000.."), "{source}");
+
+    let quickstart = std::fs::read_to_string("configs/quickstart.toml").unwrap();
+    let from_shards = quickstart.replace("source = { kind = \"digits\" }", source);
+    assert_ne!(from_shards, quickstart);
+    let config = dir.path().join("shards.toml");
+    std::fs::write(&config, from_shards).unwrap();
+    let train = |config: &str, runs: &str| {
+        let runs = dir.path().join(runs);
+        let runs_dir = format!("logging.runs_dir='{}'", runs.display());
+        let output = kiln(&[
+            "train",
+            "--config",
+            config,
+            "--backend",
+            "flex",
+            "--set",
+            "epochs=2",
+            "--set",
+            &runs_dir,
+        ]);
+        assert!(output.status.success(), "{:?}", errors(&output));
+        trajectory(&run_dir(&runs))
+    };
+    let digits = train("configs/quickstart.toml", "runs-digits");
+    assert_eq!(digits.len(), 2);
+    assert_eq!(train(config.to_str().unwrap(), "runs-shards"), digits);
+}

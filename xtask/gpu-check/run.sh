@@ -18,18 +18,27 @@
 # --dry-run runs the same steps on this machine's CPU (flex, and a software Vulkan device when
 # there is one) at toy sizes, to check the script and the carried binary on a machine without GPU.
 # --steps runs only the named steps (for a machine lent for a few minutes: the important first).
+# --quick runs, instead, what a 15-minute loan (the machine's start included) has room for, in
+# under 9 minutes: three lanes side by side, each with its own kernel cache (cubecl compiles on one
+# thread per process): the quickstart cold then warm; the cross-backend comparisons and PyTorch's
+# training runs; kiln bench's kernels compiled and tuned. Then, the GPU alone, PyTorch's and
+# kiln's benchmarks (ResNet-18 CIFAR and ResNet-50 at batch 128, train and infer, f32 and bf16).
+# It leaves at most 8 files in DIR: summary.md, bench.md, kiln.json, torch.json and logs.tar.gz
+# (every log and JSON), so that the results travel back whole.
 set -uo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 DRY=0
+QUICK=0
 OUT=""
 STEPS=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) DRY=1 ;;
+        --quick) QUICK=1 ;;
         --out) OUT="$2"; shift ;;
         --steps) STEPS=",$2,"; shift ;;
-        -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+        -h|--help) sed -n 2,26p "$0"; exit 0 ;;
         *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -170,6 +179,70 @@ note() {
     echo "== $1: $2"
     echo "| $1 | $2 | 0 | |" >> "$OUT/summary.md"
 }
+
+# quick: see --quick above. A lane's steps share its kernel cache and run one after another.
+quick() {
+    local qs=(--config "$HERE/configs/quickstart.toml" --backend "$GPU")
+    local bench=(--models resnet18-cifar,resnet50 --batches 128 --modes train,infer)
+    local bench_kiln=("${bench[@]}" --precision f32,bf16)
+    local trajectory=(--width 4 --image-size 16 --batch 2 --steps 1 --trajectories "$HERE/trajectory")
+    local fast=(--warmup 3 --min-steps 5 --min-seconds 2)
+    if [ "$DRY" = 1 ]; then
+        bench=(--models resnet18-cifar --batches 8 --modes train,infer)
+        bench_kiln=("${bench[@]}" --precision f32)
+        fast=(--warmup 1 --min-steps 1 --min-seconds 0)
+    fi
+    (
+        export KILN_CACHE_DIR="$OUT/cache-quickstart"
+        step devices 30 bash -c "'$KILN' devices --backend $GPU; command -v nvidia-smi >/dev/null && nvidia-smi -L || true"
+        # Each cuDNN pass against burn's kernel (prints "skipped" without a CUDA device).
+        if [ -f "$HERE/cudnn-test.gz" ]; then
+            gzip -dc "$HERE/cudnn-test.gz" > "$OUT/work/cudnn-test" && chmod +x "$OUT/work/cudnn-test"
+            RUST_LOG=warn step cudnn 60 "$OUT/work/cudnn-test" --nocapture
+        fi
+        step quickstart-cold 200 "$KILN" train "${qs[@]}" --set "logging.runs_dir=\"$OUT/work/runs-cold\""
+        step quickstart-warm 60 "$KILN" train "${qs[@]}" --set "logging.runs_dir=\"$OUT/work/runs-warm\""
+    ) &
+    (
+        export KILN_CACHE_DIR="$OUT/cache-compare"
+        step compare-resnet18 90 "$KILN" compare "${COMPARE[@]}" "${COMPARE_18[@]}" --json "$OUT/compare-resnet18.json"
+        step compare-resnet50 100 "$KILN" compare "${COMPARE[@]}" "${COMPARE_50[@]}" --json "$OUT/compare-resnet50.json"
+        step trajectories 110 "$KILN" compare "${COMPARE[@]}" "${trajectory[@]}" --json "$OUT/trajectories.json"
+    ) &
+    (
+        export KILN_CACHE_DIR="$OUT/cache-bench"
+        step bench-compile 300 "$KILN" bench --backends "$BENCH_BACKENDS" "${bench_kiln[@]}" \
+            --warmup 1 --min-steps 1 --min-seconds 0
+    ) &
+    wait
+    for round in cold warm; do
+        echo "| quickstart $round | $(grep -ho 'the first step took [0-9.]* s' "$OUT/quickstart-$round.log" | head -n1); $(grep -h '^epoch ' "$OUT/quickstart-$round.log" | tail -n1 | cut -c1-140) | 0 | quickstart-$round.log |" >> "$OUT/summary.md"
+    done
+    # The GPU alone from here: timings.
+    local reference=()
+    if "$PYTHON" -c 'import torch, torchvision' 2>/dev/null; then
+        step bench-pytorch 90 "$PYTHON" "$HERE/bench_torch.py" --device "$TORCH_DEVICE" "${bench[@]}" "${fast[@]}" \
+            --json "$OUT/torch.json" && reference=(--reference "$OUT/torch.json")
+    else
+        note bench-pytorch "skipped: $PYTHON cannot import torch and torchvision"
+    fi
+    (
+        export KILN_CACHE_DIR="$OUT/cache-bench"
+        step bench-kiln 150 "$KILN" bench --backends "$BENCH_BACKENDS" "${bench_kiln[@]}" "${fast[@]}" \
+            "${reference[@]}" --json "$OUT/kiln.json" --markdown "$OUT/bench.md"
+    )
+    # What travels back: the tables and one archive of every log and comparison.
+    (cd "$OUT" && tar czf logs.tar.gz -- *.log *.json 2>/dev/null; rm -f -- *.log compare-*.json trajectories.json)
+    rm -rf "$OUT/work" "$OUT"/cache-*
+}
+if [ "$QUICK" = 1 ]; then
+    quick
+    echo
+    cat "$OUT/summary.md"
+    [ -f "$OUT/bench.md" ] && { echo; cat "$OUT/bench.md"; }
+    ! grep -q FAILED "$OUT/summary.md"
+    exit $?
+fi
 
 step devices 60 bash -c "'$KILN' devices; '$KILN' devices --backend $GPU; command -v nvidia-smi >/dev/null && nvidia-smi -L || true"
 

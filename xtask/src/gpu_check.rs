@@ -1,8 +1,9 @@
-//! `cargo xtask gpu-check --carry-dir DIR [--dry-run]`: everything a machine with NVIDIA GPUs
+//! `cargo xtask gpu-check --carry-dir DIR [--dry-run [--quick]]`: everything a machine with NVIDIA GPUs
 //! needs to check kiln, built here and put in one folder (under 60 MB): the kiln binary with
 //! `cuda` (and wgpu and flex) compressed, `run.sh`, the PyTorch benchmark script, the configs and
 //! PyTorch's training runs (`trajectory/`).
-//! On the GPU machine: `bash DIR/run.sh`. `--dry-run` runs the folder's script here, on the CPU.
+//! On the GPU machine: `bash DIR/run.sh` (or `--quick`, for a machine lent for 15 minutes).
+//! `--dry-run` runs the folder's script here, on the CPU (with `--quick`, its quick mode).
 
 use std::io::{BufReader, BufWriter};
 use std::path::{Path, PathBuf};
@@ -18,22 +19,27 @@ const LIMIT_BYTES: u64 = 60 << 20;
 pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let mut carry: Option<PathBuf> = None;
     let mut dry_run = false;
+    let mut quick = false;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--carry-dir" => carry = args.next().map(PathBuf::from),
             "--dry-run" => dry_run = true,
-            other => bail!("unknown option {other}; gpu-check takes --carry-dir DIR [--dry-run]"),
+            "--quick" => quick = true,
+            other => bail!(
+                "unknown option {other}; gpu-check takes --carry-dir DIR [--dry-run [--quick]]"
+            ),
         }
     }
     let Some(carry) = carry else {
-        bail!("usage: cargo xtask gpu-check --carry-dir DIR [--dry-run]");
+        bail!("usage: cargo xtask gpu-check --carry-dir DIR [--dry-run [--quick]]");
     };
 
     let kiln = crate::build_kiln(root, &["cuda"])?;
     std::fs::create_dir_all(carry.join("configs"))
         .with_context(|| format!("cannot create {}", carry.display()))?;
     compress(&kiln, &carry.join("kiln.gz"))?;
+    compress(&cudnn_test(root)?, &carry.join("cudnn-test.gz"))?;
     for (from, to) in [
         ("xtask/gpu-check/run.sh", "run.sh"),
         ("xtask/gpu-check/README.md", "README.md"),
@@ -82,6 +88,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         let status = Command::new("bash")
             .arg(carry.join("run.sh"))
             .arg("--dry-run")
+            .args(quick.then_some("--quick"))
             .status()
             .context("cannot start bash")?;
         if !status.success() {
@@ -89,6 +96,37 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// kiln-kernels' cuDNN test (`crates/kiln-kernels/tests/cudnn.rs`: each convolution pass through
+/// cuDNN against burn's own kernel), built as a program the GPU machine runs first.
+fn cudnn_test(root: &Path) -> anyhow::Result<PathBuf> {
+    let output = Command::new("cargo")
+        .args([
+            "test",
+            "--release",
+            "--package",
+            "kiln-kernels",
+            "--features",
+            "cuda",
+        ])
+        .args(["--test", "cudnn", "--no-run", "--message-format", "json"])
+        .current_dir(root)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cannot start cargo")?;
+    if !output.status.success() {
+        bail!(
+            "building kiln-kernels' cuDNN test failed ({})",
+            output.status
+        );
+    }
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|message| message["target"]["name"] == "cudnn")
+        .find_map(|message| message["executable"].as_str().map(PathBuf::from))
+        .context("cargo built kiln-kernels' cuDNN test but named no executable")
 }
 
 /// gzip, which every Linux machine can undo; the binary shrinks to about a quarter.

@@ -4,7 +4,13 @@
 //! `Cargo.toml`. kiln puts both in its cache folder, per backend and device model (the compiled
 //! kernels' keys do not include the GPU), unless the user's own `cubecl.toml` says otherwise.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+
+/// The largest cache the NVIDIA driver accepts for machine code it compiled from PTX (4 GiB;
+/// its default is 256 MiB, which one cold kiln run on an H200 filled, so that every later
+/// process compiled its kernels again: 0.8 s each).
+pub const DRIVER_CACHE_MAXSIZE: u64 = 4 << 30;
 
 /// What kernel caching a run uses.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,9 +70,53 @@ pub fn configure(folder: PathBuf) -> KernelCache {
     KernelCache::Kiln(folder)
 }
 
+/// The environment the NVIDIA driver reads for its compiled-kernel cache, to set before it
+/// starts: its largest size, in kiln's cache folder under `root` (beside cubecl's kernels,
+/// where `kiln warmup` and a cleaned cache find it), each unless the user set it (`get` reads
+/// the environment).
+pub fn driver_cache_settings(
+    get: impl Fn(&str) -> Option<OsString>,
+    root: &Path,
+) -> Vec<(&'static str, OsString)> {
+    let wanted = [
+        (
+            "CUDA_CACHE_MAXSIZE",
+            DRIVER_CACHE_MAXSIZE.to_string().into(),
+        ),
+        ("CUDA_CACHE_PATH", root.join("kernels/cuda-driver").into()),
+    ];
+    wanted
+        .into_iter()
+        .filter(|(key, _)| get(key).is_none_or(|v| v.is_empty()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_driver_cache_is_kilns_and_largest_unless_the_user_set_it() {
+        let root = Path::new("/cache/kiln");
+        let none = |_: &str| None;
+        assert_eq!(
+            driver_cache_settings(none, root),
+            vec![
+                ("CUDA_CACHE_MAXSIZE", OsString::from("4294967296")),
+                (
+                    "CUDA_CACHE_PATH",
+                    OsString::from("/cache/kiln/kernels/cuda-driver")
+                ),
+            ]
+        );
+        let users = |key: &str| (key == "CUDA_CACHE_PATH").then(|| OsString::from("/scratch/nv"));
+        assert_eq!(
+            driver_cache_settings(users, root),
+            vec![("CUDA_CACHE_MAXSIZE", OsString::from("4294967296"))]
+        );
+        let empty = |key: &str| (key == "CUDA_CACHE_MAXSIZE").then(OsString::new);
+        assert_eq!(driver_cache_settings(empty, root).len(), 2);
+    }
 
     #[test]
     fn each_device_model_gets_its_own_folder() {

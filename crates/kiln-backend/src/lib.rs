@@ -10,6 +10,7 @@ use std::path::PathBuf;
 mod backend;
 mod choice;
 pub mod cuda_setup;
+pub mod cudnn_setup;
 mod dispatch;
 mod error;
 pub mod kernel_cache;
@@ -22,7 +23,9 @@ pub use dispatch::{BackendTask, run_on};
 pub use error::BackendError;
 pub use kernel_cache::KernelCache;
 pub use memory::MemoryMeter;
-pub use probe::{BackendReport, DeviceInfo, DeviceKind, Probe, probe, quiet_headless_vulkan};
+pub use probe::{
+    BackendReport, DeviceInfo, DeviceKind, Probe, notices, probe, quiet_headless_vulkan,
+};
 
 /// A backend and the devices on it that a run will use.
 #[derive(Debug, Clone, PartialEq)]

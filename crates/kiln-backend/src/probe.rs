@@ -154,6 +154,15 @@ pub fn check_nccl() -> Result<(), BackendError> {
     cuda_probe::check_nccl()
 }
 
+/// What a run on `backend` should say before it starts: on CUDA without cuDNN, that its
+/// convolutions run slower and how to install it.
+pub fn notices(backend: Backend) -> Vec<String> {
+    match backend {
+        Backend::Cuda => cuda_probe::cudnn().err().into_iter().collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// Keeps Mesa's Vulkan device-selection layer quiet on a machine without a display session.
 ///
 /// The layer, loaded into every Vulkan instance, asks Wayland for the default GPU; without
@@ -215,20 +224,23 @@ fn cpu_device(backend: Backend) -> DeviceInfo {
 
 #[cfg(feature = "cuda")]
 mod cuda_probe {
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
     use std::sync::OnceLock;
 
     use cudarc::driver::result;
 
     use super::{DeviceInfo, DeviceKind};
     use crate::cuda_setup::{self, Search};
-    use crate::{Backend, BackendError};
+    use crate::{Backend, BackendError, cudnn_setup, kernel_cache};
 
     /// The driver, NVRTC and headers, found and set up once per process.
     static SETUP: OnceLock<Result<String, BackendError>> = OnceLock::new();
+    /// cuDNN's version and place, or the line that says it is missing; found once per process.
+    static CUDNN: OnceLock<Result<String, String>> = OnceLock::new();
 
     pub fn devices() -> Result<Vec<DeviceInfo>, BackendError> {
         let backend = Backend::Cuda;
+        set_driver_cache();
         // SAFETY: only tries to dlopen the library, as cudarc itself does on first use.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(BackendError::DriverMissing {
@@ -242,7 +254,12 @@ mod cuda_probe {
             reason: e.to_string(),
         };
         result::init().map_err(failed)?;
-        let runtime = SETUP.get_or_init(set_up_compiler).clone()?;
+        let compiler = SETUP.get_or_init(set_up_compiler).clone()?;
+        let cudnn = match cudnn() {
+            Ok(found) => found,
+            Err(missing) => missing,
+        };
+        let runtime = format!("{compiler}; {cudnn}");
         let count = result::device::get_count().map_err(failed)?;
         (0..count)
             .map(|ordinal| {
@@ -300,7 +317,7 @@ mod cuda_probe {
             // NVRTC is opened by name (by cudarc, and NVRTC opens its builtins by name): opening
             // these files first makes those names resolve to them.
             for library in cuda_setup::nvrtc_builtins(nvrtc).iter().chain([nvrtc]) {
-                preload(library);
+                let _ = preload(library);
             }
         }
         // SAFETY: only tries to dlopen the library, as cudarc itself does on first use.
@@ -339,6 +356,67 @@ mod cuda_probe {
         ))
     }
 
+    /// The NVIDIA driver's compiled-kernel cache at its largest in kiln's cache folder (unless
+    /// the user set it), before the driver starts and reads it.
+    fn set_driver_cache() {
+        static DONE: OnceLock<()> = OnceLock::new();
+        DONE.get_or_init(|| {
+            let get = |key: &str| std::env::var_os(key);
+            for (key, value) in
+                kernel_cache::driver_cache_settings(get, &kiln_download::cache_root())
+            {
+                // SAFETY: the probe runs before any CUDA device is created, so no cubecl or
+                // driver thread reads the environment yet; kiln's own threads never read it.
+                unsafe { std::env::set_var(key, value) };
+            }
+        });
+    }
+
+    /// cuDNN found, opened and described (`Ok`), or the line saying it is missing (`Err`).
+    /// Opening it here, by path, is what lets cudarc's later open by name find a pip wheel's.
+    pub fn cudnn() -> Result<String, String> {
+        CUDNN.get_or_init(find_cudnn).clone()
+    }
+
+    fn find_cudnn() -> Result<String, String> {
+        let search = Search::of_this_machine(&kiln_download::cache_root());
+        let files = cudnn_setup::find(
+            &cudnn_setup::library_path(),
+            &search.toolkits,
+            &search.site_packages,
+        );
+        if let Some(files) = &files {
+            preload_in_any_order(&files.companions);
+            preload(&files.library);
+        }
+        // SAFETY: only tries to dlopen the library, as cudarc itself does on first use.
+        if !unsafe { cudarc::cudnn::sys::is_culib_present() } {
+            return Err(cudnn_setup::missing_line(driver_version()));
+        }
+        let version = cudnn_setup::version_name(cudarc::cudnn::result::get_version());
+        Ok(match files {
+            Some(files) => format!(
+                "cuDNN {version} ({}, from {})",
+                files.library.display(),
+                files.origin
+            ),
+            None => format!("cuDNN {version} (on the library path)"),
+        })
+    }
+
+    /// Opens each library, retrying those whose dependencies among the others were not open
+    /// yet (cuDNN's parts need each other), until a pass opens nothing more.
+    fn preload_in_any_order(libraries: &[PathBuf]) {
+        let mut left: Vec<&PathBuf> = libraries.iter().collect();
+        while !left.is_empty() {
+            let before = left.len();
+            left.retain(|library| !preload(library));
+            if left.len() == before {
+                break;
+            }
+        }
+    }
+
     /// Several CUDA devices exchange tensors through NCCL, which cudarc opens by the names
     /// `libnccl.so` or `libnccl.so.<CUDA major>`; NCCL's packages and wheels install only
     /// `libnccl.so.2`.
@@ -358,12 +436,16 @@ mod cuda_probe {
     }
 
     /// Opens a library for the life of the process, its symbols global, so that later opens by
-    /// its name find it.
-    fn preload(path: &Path) {
+    /// its name find it; whether it opened.
+    fn preload(path: &Path) -> bool {
         use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
         // SAFETY: NVIDIA's libraries run no initialisers with requirements on the caller.
-        if let Ok(library) = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) } {
-            std::mem::forget(library);
+        match unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) } {
+            Ok(library) => {
+                std::mem::forget(library);
+                true
+            }
+            Err(_) => false,
         }
     }
 }
@@ -383,6 +465,10 @@ mod cuda_probe {
         Err(BackendError::NotCompiled {
             backend: Backend::Cuda,
         })
+    }
+
+    pub fn cudnn() -> Result<String, String> {
+        Err("kiln was built without CUDA".into())
     }
 }
 

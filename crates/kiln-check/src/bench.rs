@@ -12,7 +12,7 @@ use burn::tensor::ElementConversion;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_backend::MemoryMeter;
-use kiln_models::{ResNet, ResNetConfig, Stem};
+use kiln_models::{Precision, ResNet, ResNetConfig, Stem};
 use kiln_train::batch::DeviceBatch;
 use kiln_train::config::OptimizerConfig;
 use kiln_train::optim::AnyOptimizer;
@@ -46,6 +46,8 @@ pub struct Workload {
     pub name: String,
     pub model: ResNetConfig,
     pub image_size: usize,
+    /// The float type of the convolutions (`kiln bench --precision`, as `precision` in a config).
+    pub precision: Precision,
 }
 
 impl Workload {
@@ -66,7 +68,22 @@ impl Workload {
             name: name.to_string(),
             model,
             image_size,
+            precision: Precision::F32,
         })
+    }
+
+    /// The same workload with its convolutions in `precision`.
+    pub fn in_precision(self, precision: Precision) -> Self {
+        Self { precision, ..self }
+    }
+
+    /// The row's variant: the backend, and the precision where it is not f32 (`cuda+bf16`, as
+    /// PyTorch's rows say `channels_last+bf16`).
+    pub fn variant(&self, backend: &str) -> String {
+        match self.precision {
+            Precision::F32 => backend.to_string(),
+            low => format!("{backend}+{}", low.name()),
+        }
     }
 
     /// Batch sizes worth measuring when none are given: a small and a large one for the size.
@@ -156,7 +173,10 @@ pub fn measure<B: AutodiffBackend>(
 ) -> Result<Measurement, CheckError> {
     memory.reset_peak();
     B::seed(device, 0);
-    let model: ResNet<B> = workload.model.init(device)?;
+    let model: ResNet<B> = workload
+        .model
+        .init(device)?
+        .with_precision(workload.precision);
     let batch = random_batch::<B>(workload, batch_size, device);
     let passes =
         (passes && mode == Mode::Train).then(|| time_passes(model.clone(), &batch, budget, device));
@@ -167,7 +187,7 @@ pub fn measure<B: AutodiffBackend>(
     let median = median(&step_ms);
     Ok(Measurement {
         framework: "kiln".into(),
-        variant: target.backend.into(),
+        variant: workload.variant(target.backend),
         device_class: target.device_class.into(),
         device: target.device.into(),
         model: workload.name.clone(),
@@ -388,5 +408,20 @@ pub fn format_bytes(bytes: Option<u64>) -> String {
         Some(b) if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),
         Some(b) => format!("{:.0} MiB", b as f64 / (1u64 << 20) as f64),
         None => "n/a".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_low_precision_row_names_its_precision() {
+        let f32 = Workload::parse("resnet18-cifar").unwrap();
+        assert_eq!((f32.image_size, f32.precision), (32, Precision::F32));
+        assert_eq!(f32.variant("cuda"), "cuda");
+        let bf16 = f32.in_precision(Precision::Bf16);
+        assert_eq!(bf16.variant("cuda"), "cuda+bf16");
+        assert_eq!(bf16.name, "resnet18-cifar");
     }
 }

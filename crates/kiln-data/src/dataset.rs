@@ -24,6 +24,13 @@ pub trait Dataset: Send + Sync {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The file image `index` is decoded from, where it is one file of its own (an image
+    /// folder's), so that `kiln shard` can keep its bytes.
+    fn file(&self, index: usize) -> Option<std::path::PathBuf> {
+        let _ = index;
+        None
+    }
 }
 
 /// A data set shared between the loader's threads.
@@ -80,6 +87,10 @@ impl Dataset for Subset {
 
     fn describe(&self, index: usize) -> String {
         self.inner.describe(self.indices[index])
+    }
+
+    fn file(&self, index: usize) -> Option<std::path::PathBuf> {
+        self.inner.file(self.indices[index])
     }
 
     fn classes(&self) -> &[String] {

@@ -77,6 +77,22 @@ impl ImageFolder {
         })
     }
 
+    /// Image files under `root` with labels given elsewhere (a CSV's rows: `csv_labels`), each
+    /// `(path, index into classes)`.
+    pub(crate) fn listed(
+        root: &Path,
+        samples: Vec<(PathBuf, usize)>,
+        classes: Vec<String>,
+        limits: ImageLimits,
+    ) -> Self {
+        Self {
+            root: root.to_path_buf(),
+            samples,
+            classes,
+            limits,
+        }
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -135,6 +151,10 @@ impl Dataset for ImageFolder {
 
     fn describe(&self, index: usize) -> String {
         self.samples[index].0.display().to_string()
+    }
+
+    fn file(&self, index: usize) -> Option<PathBuf> {
+        Some(self.samples[index].0.clone())
     }
 
     fn label(&self, index: usize) -> usize {

@@ -57,8 +57,22 @@ pub fn load_rgb(path: &Path, limits: ImageLimits) -> Result<RgbImage, DataError>
         )));
     }
     let bytes = std::fs::read(path).map_err(|e| unreadable(e.to_string()))?;
+    decode_rgb(&bytes, path, limits)
+}
+
+/// [`load_rgb`] of an image file's bytes read elsewhere (a member of a tar shard); `path` names
+/// it in messages.
+pub(crate) fn decode_rgb(
+    bytes: &[u8],
+    path: &Path,
+    limits: ImageLimits,
+) -> Result<RgbImage, DataError> {
+    let unreadable = |reason: String| DataError::Unreadable {
+        path: path.to_path_buf(),
+        reason,
+    };
     let reader = || {
-        image::ImageReader::new(Cursor::new(&bytes))
+        image::ImageReader::new(Cursor::new(bytes))
             .with_guessed_format()
             .map_err(|e| unreadable(e.to_string()))
     };
@@ -87,7 +101,7 @@ pub fn load_rgb(path: &Path, limits: ImageLimits) -> Result<RgbImage, DataError>
     let mut reader = reader()?;
     if reader.format() == Some(image::ImageFormat::Jpeg)
         && !limits.allow_truncated
-        && !jpeg_is_complete(&bytes)
+        && !jpeg_is_complete(bytes)
     {
         return Err(unreadable(
             "the JPEG file is truncated (it ends before its end-of-image marker), as PIL refuses it; \

@@ -1,6 +1,7 @@
 //! Images in, host batches out. kiln-data knows no model, no optimizer and no burn: it reads
-//! data sets (CIFAR, ImageFolder, the shipped digits, synthetic), applies torchvision's
-//! transforms, and a loader turns them into batches of normalized floats on worker threads.
+//! data sets (CIFAR, ImageFolder, labels in a CSV, WebDataset's tar shards, the shipped digits,
+//! synthetic), applies torchvision's transforms, and a loader turns them into batches of
+//! normalized floats on worker threads.
 //!
 //! Data flows: [`Source`] (from the config) opens into [`Dataset`]s, a [`Pipeline`] of
 //! [`Transform`]s augments each image (torchvision's policies in [`augment`]), and a [`Loader`]
@@ -11,6 +12,7 @@ mod archive;
 pub mod augment;
 pub mod cifar;
 mod color;
+pub mod csv_labels;
 mod dataset;
 pub mod digits;
 mod error;
@@ -19,6 +21,7 @@ mod image_io;
 mod loader;
 pub mod mix;
 mod seed;
+pub mod shards;
 mod source;
 pub mod stats;
 mod synthetic;

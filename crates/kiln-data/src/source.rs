@@ -1,14 +1,16 @@
 //! Which data set a run trains on, as a config writes it, and opening it into train and
 //! validation parts.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::cifar::{self, Cifar};
+use crate::csv_labels;
 use crate::dataset::{Dataset, SharedDataset, split};
 use crate::image_folder::ImageFolder;
+use crate::shards::{self, Shards};
 use crate::synthetic::Synthetic;
 use crate::{DataError, ImageLimits, digits};
 
@@ -38,6 +40,29 @@ pub enum Source {
         #[serde(default)]
         val_fraction: Option<f64>,
     },
+    /// A CSV of image paths (relative to `root`, by default the CSV's folder) and labels, as
+    /// Kaggle ships data sets; validation from `val` (another such file) or a seeded
+    /// `val_fraction`. `path_column` and `label_column` name the header's columns.
+    Csv {
+        file: PathBuf,
+        #[serde(default)]
+        root: Option<PathBuf>,
+        #[serde(default)]
+        val: Option<PathBuf>,
+        #[serde(default)]
+        val_fraction: Option<f64>,
+        #[serde(default = "default_path_column")]
+        path_column: String,
+        #[serde(default = "default_label_column")]
+        label_column: String,
+    },
+    /// WebDataset's tar shards (`key.jpg` + `key.cls` members), named with brace ranges
+    /// (`data/train-{000000..000127}.tar`), as `kiln shard` writes them; `val` likewise.
+    Shards {
+        train: String,
+        #[serde(default)]
+        val: Option<String>,
+    },
     /// The 8x8 handwritten digits shipped with kiln: 1,500 train, 297 validation.
     Digits {},
     /// Random images whose classes differ in mean colour.
@@ -55,6 +80,14 @@ pub enum Source {
 
 fn default_root() -> PathBuf {
     PathBuf::from("data")
+}
+
+fn default_path_column() -> String {
+    "filename".into()
+}
+
+fn default_label_column() -> String {
+    "label".into()
 }
 
 fn default_synthetic_train() -> usize {
@@ -87,7 +120,7 @@ impl Source {
             Source::Cifar10 { .. } | Source::Cifar100 { .. } => Some((32, 32)),
             Source::Digits {} => Some((8, 8)),
             Source::Synthetic { image_size, .. } => Some((*image_size, *image_size)),
-            Source::ImageFolder { .. } => None,
+            Source::ImageFolder { .. } | Source::Csv { .. } | Source::Shards { .. } => None,
         }
     }
 
@@ -98,6 +131,10 @@ impl Source {
             Source::Cifar10 { .. } | Source::Digits {} => Some(10),
             Source::Cifar100 { .. } => Some(100),
             Source::Synthetic { num_classes, .. } => Some(*num_classes),
+            Source::Csv { file, .. } => {
+                Some(csv_labels::classes(file, &self.columns()?).ok()?.len())
+            }
+            Source::Shards { train, .. } => Some(shard_manifest(train)?.classes.len()),
             Source::ImageFolder { train, .. } => {
                 let entries = std::fs::read_dir(train).ok()?;
                 Some(
@@ -124,9 +161,44 @@ impl Source {
                 ..
             } => {
                 let files = ImageFolder::count(train)?;
-                let held_out = (files as f64 * val_fraction.unwrap_or(0.0)).round() as usize;
-                Some(files - held_out.min(files))
+                Some(less_held_out(files, *val_fraction))
             }
+            Source::Csv {
+                file, val_fraction, ..
+            } => {
+                let rows = csv_labels::count(file, &self.columns()?).ok()?;
+                Some(less_held_out(rows, *val_fraction))
+            }
+            Source::Shards { train, .. } => {
+                let files = shards::expand(train).ok()?;
+                let manifest = shard_manifest(train)?;
+                let names: Vec<String> = files
+                    .iter()
+                    .filter_map(|f| Some(f.file_name()?.to_string_lossy().into_owned()))
+                    .collect();
+                let listed = manifest.splits.values().flat_map(|s| &s.shards);
+                Some(
+                    listed
+                        .filter(|s| names.contains(&s.file))
+                        .map(|s| s.samples)
+                        .sum(),
+                )
+            }
+        }
+    }
+
+    /// A CSV source's columns.
+    fn columns(&self) -> Option<csv_labels::Columns<'_>> {
+        match self {
+            Source::Csv {
+                path_column,
+                label_column,
+                ..
+            } => Some(csv_labels::Columns {
+                path: path_column,
+                label: label_column,
+            }),
+            _ => None,
         }
     }
 
@@ -151,38 +223,77 @@ impl Source {
                 val_fraction,
             } => {
                 let train_set = Arc::new(ImageFolder::open(train, limits)?);
-                match (val, val_fraction) {
-                    (Some(_), Some(_)) => Err(DataError::Invalid(
-                        "image_folder: give either val (a folder) or val_fraction, not both".into(),
-                    )),
-                    (Some(val), None) => {
-                        let val_set = ImageFolder::open(val, limits)?;
-                        if val_set.classes() != train_set.classes() {
+                let classes = train_set.classes().to_vec();
+                let open_val = |val: &Path| -> Result<SharedDataset, DataError> {
+                    let val_set = ImageFolder::open(val, limits)?;
+                    if val_set.classes() != classes {
+                        return Err(DataError::Invalid(format!(
+                            "the class folders of {} ({}) differ from those of {} ({}); labels would not match",
+                            val.display(),
+                            val_set.classes().join(", "),
+                            train.display(),
+                            classes.join(", ")
+                        )));
+                    }
+                    Ok(Arc::new(val_set))
+                };
+                held_out(
+                    train_set,
+                    val.as_deref(),
+                    open_val,
+                    *val_fraction,
+                    seed,
+                    "image_folder",
+                    "a folder",
+                )
+            }
+            Source::Csv {
+                file,
+                root,
+                val,
+                val_fraction,
+                ..
+            } => {
+                let columns = self.columns().expect("a CSV source has columns");
+                let root = root
+                    .clone()
+                    .unwrap_or_else(|| file.parent().unwrap_or(Path::new(".")).to_path_buf());
+                let train = Arc::new(csv_labels::open(file, &root, &columns, None, limits)?);
+                let classes = train.classes().to_vec();
+                let open_val = |val: &Path| -> Result<SharedDataset, DataError> {
+                    let val_set = csv_labels::open(val, &root, &columns, Some(&classes), limits)?;
+                    Ok(Arc::new(val_set))
+                };
+                held_out(
+                    train,
+                    val.as_deref(),
+                    open_val,
+                    *val_fraction,
+                    seed,
+                    "csv",
+                    "a CSV file",
+                )
+            }
+            Source::Shards { train, val } => {
+                let train = Shards::open(train, limits)?;
+                let val = match val {
+                    Some(val) => {
+                        let val = Shards::open(val, limits)?;
+                        if val.classes() != train.classes() {
                             return Err(DataError::Invalid(format!(
-                                "the class folders of {} ({}) differ from those of {} ({}); labels would not match",
-                                val.display(),
-                                val_set.classes().join(", "),
-                                train.display(),
-                                train_set.classes().join(", ")
+                                "the validation shards' classes ({}) differ from the training shards' ({}); labels would not match",
+                                val.classes().join(", "),
+                                train.classes().join(", ")
                             )));
                         }
-                        Ok(Splits {
-                            train: train_set,
-                            val: Some(Arc::new(val_set)),
-                        })
+                        Some(Arc::new(val) as SharedDataset)
                     }
-                    (None, Some(fraction)) => {
-                        let (train, val) = split(train_set, *fraction, seed)?;
-                        Ok(Splits {
-                            train,
-                            val: Some(val),
-                        })
-                    }
-                    (None, None) => Ok(Splits {
-                        train: train_set,
-                        val: None,
-                    }),
-                }
+                    None => None,
+                };
+                Ok(Splits {
+                    train: Arc::new(train),
+                    val,
+                })
             }
             Source::Digits {} => {
                 let (train, val) = digits::splits();
@@ -210,6 +321,48 @@ impl Source {
                 })
             }
         }
+    }
+}
+
+/// The manifest beside the first shard of `pattern`.
+fn shard_manifest(pattern: &str) -> Option<shards::Manifest> {
+    let files = shards::expand(pattern).ok()?;
+    shards::Manifest::beside(files.first()?)
+}
+
+/// `files` less the part a `val_fraction` holds out.
+fn less_held_out(files: usize, val_fraction: Option<f64>) -> usize {
+    let held_out = (files as f64 * val_fraction.unwrap_or(0.0)).round() as usize;
+    files - held_out.min(files)
+}
+
+/// `train` with its validation part: the set at `val` (opened by `open_val`), a seeded
+/// `val_fraction` of `train`, or none; a `kind` of source given both is an error.
+fn held_out(
+    train: SharedDataset,
+    val: Option<&Path>,
+    open_val: impl FnOnce(&Path) -> Result<SharedDataset, DataError>,
+    val_fraction: Option<f64>,
+    seed: u64,
+    kind: &str,
+    what: &str,
+) -> Result<Splits, DataError> {
+    match (val, val_fraction) {
+        (Some(_), Some(_)) => Err(DataError::Invalid(format!(
+            "{kind}: give either val ({what}) or val_fraction, not both"
+        ))),
+        (Some(val), None) => Ok(Splits {
+            train,
+            val: Some(open_val(val)?),
+        }),
+        (None, Some(fraction)) => {
+            let (train, val) = split(train, fraction, seed)?;
+            Ok(Splits {
+                train,
+                val: Some(val),
+            })
+        }
+        (None, None) => Ok(Splits { train, val: None }),
     }
 }
 
@@ -244,6 +397,37 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("mnist"), "{err}");
+    }
+
+    #[test]
+    fn a_csv_source_reads_its_rows_beside_the_images_and_holds_out_a_fraction() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rows = String::from("image,class\n");
+        for i in 0..8 {
+            let name = format!("img{i}.png");
+            image::RgbImage::new(2, 2)
+                .save(dir.path().join(&name))
+                .unwrap();
+            rows += &format!("{name},{}\n", ["b", "a"][i % 2]);
+        }
+        let file = dir.path().join("train.csv");
+        std::fs::write(&file, rows).unwrap();
+        let text = format!(
+            "source = {{ kind = \"csv\", file = {:?}, val_fraction = 0.25, path_column = \"image\", label_column = \"class\" }}",
+            file.display().to_string()
+        );
+        let source = toml::from_str::<Config>(&text).unwrap().source;
+        assert_eq!(
+            (source.class_count(), source.train_size()),
+            (Some(2), Some(6))
+        );
+        let splits = source.open(3, ImageLimits::default()).unwrap();
+        let val = splits.val.unwrap();
+        assert_eq!((splits.train.len(), val.len()), (6, 2));
+        assert_eq!(splits.train.classes(), ["a", "b"]);
+        // The same seed holds out the same images.
+        let again = source.open(3, ImageLimits::default()).unwrap().val.unwrap();
+        assert_eq!(again.describe(0), val.describe(0));
     }
 
     #[test]

@@ -1,8 +1,6 @@
 //! kiln's convolution on flex: a custom autodiff operation on `Autodiff<Flex>` whose forward and
 //! backward are the matrix products of `gemm_conv`, and the same forward on plain `Flex`.
 
-use std::any::Any;
-
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
@@ -47,14 +45,7 @@ pub(crate) fn conv2d<B: Backend>(
     same(train_conv2d(x, weight, options.clone()))
 }
 
-/// `value` as a `U` when `T` and `U` are the same type (how a generic caller reaches a
-/// backend-specific path without a trait bound that every model would have to carry).
-pub(crate) fn same<T: 'static, U: 'static>(value: T) -> Option<U> {
-    let mut slot = Some(value);
-    (&mut slot as &mut dyn Any)
-        .downcast_mut::<Option<U>>()
-        .and_then(Option::take)
-}
+pub(crate) use crate::same;
 
 fn train_conv2d(
     x: Tensor<Train, 4>,

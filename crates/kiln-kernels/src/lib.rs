@@ -14,6 +14,13 @@
 
 #[cfg(feature = "flex")]
 mod batch_norm;
+#[cfg(feature = "cuda")]
+mod cudnn;
+// The pure half of the cuDNN path, tested on every build.
+#[cfg(all(test, not(feature = "cuda")))]
+#[allow(dead_code)]
+#[path = "cudnn/plan.rs"]
+mod cudnn_plan;
 #[cfg(feature = "flex")]
 mod epilogue;
 #[cfg(feature = "flex")]
@@ -26,6 +33,8 @@ mod shifted_conv;
 mod uninit;
 #[cfg(feature = "flex")]
 mod winograd;
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::tensor::{Tensor, backend::Backend, module, ops::ConvOptions};
 
@@ -41,7 +50,48 @@ pub fn conv2d<B: Backend>(
     {
         return y;
     }
+    #[cfg(feature = "cuda")]
+    if enabled()
+        && let Some(y) = cudnn::conv2d(&x, &weight, &options)
+    {
+        return y;
+    }
     module::conv2d(x, weight, None, options)
+}
+
+/// Whether convolutions on burn's CUDA backend go through cuDNN: `Ok(cuDNN's version)`, or
+/// `Err(why not)` (built without the `cuda` feature, `KILN_KERNELS=burn`, no libcudnn on the
+/// library path, ...). Where `Err`, burn's own convolution kernels run.
+pub fn cudnn_status() -> Result<String, String> {
+    #[cfg(feature = "cuda")]
+    return cudnn::status();
+    #[cfg(not(feature = "cuda"))]
+    Err("kiln was built without the `cuda` feature".into())
+}
+
+static TF32: AtomicBool = AtomicBool::new(true);
+
+/// Whether cuDNN may compute f32 convolutions on TF32 tensor cores (10-bit mantissa products,
+/// f32 sums), as PyTorch's `torch.backends.cudnn.allow_tf32`, which is on by default there and
+/// here. Applies to convolutions whose algorithm is chosen after the call (the choice is
+/// remembered per setting). 16-bit convolutions are unaffected.
+pub fn set_tf32(allow: bool) {
+    TF32.store(allow, Ordering::Relaxed);
+}
+
+/// The setting of [`set_tf32`].
+pub fn tf32() -> bool {
+    TF32.load(Ordering::Relaxed)
+}
+
+/// `value` as a `U` when `T` and `U` are the same type (how a generic caller reaches a
+/// backend-specific path without a trait bound that every model would have to carry).
+#[cfg(any(feature = "flex", feature = "cuda"))]
+pub(crate) fn same<T: 'static, U: 'static>(value: T) -> Option<U> {
+    let mut slot = Some(value);
+    (&mut slot as &mut dyn std::any::Any)
+        .downcast_mut::<Option<U>>()
+        .and_then(Option::take)
 }
 
 /// What follows a convolution in a ResNet at inference: batch norm with its running statistics

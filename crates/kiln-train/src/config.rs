@@ -556,6 +556,10 @@ pub struct DeviceSection {
     /// (PyTorch's `SyncBatchNorm`) instead of each device's own (PyTorch DDP's default). For
     /// small per-device batches; every batch norm layer then waits for all devices twice.
     pub sync_bn: bool,
+    /// On CUDA, f32 convolutions may run on TF32 tensor cores (10-bit mantissas in the products,
+    /// f32 sums), as PyTorch's default `torch.backends.cudnn.allow_tf32 = True`; `false` keeps
+    /// them in full f32. Other backends compute in f32 either way.
+    pub tf32: bool,
 }
 
 impl Default for DeviceSection {
@@ -564,6 +568,7 @@ impl Default for DeviceSection {
             backend: "auto".into(),
             devices: "0".into(),
             sync_bn: false,
+            tf32: true,
         }
     }
 }

@@ -141,6 +141,7 @@ pub fn train<B: AutodiffBackend>(
     stop: &AtomicBool,
 ) -> Result<Outcome, TrainError> {
     check_precision::<B>(config.precision(), &placement.devices[0])?;
+    kiln_kernels::set_tf32(config.device.tf32);
     let budget = Budget::of(config, memory.available());
     let (config, plan) = plan_memory(config, run, placement.peers(), budget, observer)?;
     let limits = Limits {

@@ -11,6 +11,7 @@
 //!   own; `collective`: what they exchange.
 //! - `plan`: the memory a step needs, the batch that fits, `batch_size = "auto"` (arithmetic
 //!   only); `measure`: the peak of real steps, to check it.
+//! - `launch`: a run's shape and rank as SLURM or a torchrun-style launcher gives them.
 //! - `error`: the run's errors. `batch`: host batches onto a device; `predict`: `kiln predict`.
 
 pub mod batch;
@@ -24,6 +25,7 @@ pub mod ema;
 pub mod engine;
 pub mod error;
 pub mod heartbeat;
+pub mod launch;
 pub mod lr_find;
 pub mod measure;
 pub mod optim;

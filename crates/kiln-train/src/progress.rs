@@ -29,6 +29,8 @@ pub struct Console {
     /// Whether the device compiles kernels on first use (CUDA, wgpu).
     compiles_kernels: bool,
     heartbeat: Option<Heartbeat>,
+    /// Lines about the device to show when the run starts (no cuDNN on CUDA, ...).
+    notes: Vec<String>,
 }
 
 /// A thread that says every 15 s that the first step is still running.
@@ -88,7 +90,14 @@ impl Console {
             window_images: 0,
             compiles_kernels,
             heartbeat: None,
+            notes: Vec::new(),
         }
+    }
+
+    /// Shows `notes` (one line each, about the device) when the run starts.
+    pub fn with_notes(mut self, notes: Vec<String>) -> Self {
+        self.notes = notes;
+        self
     }
 
     fn line(&self, text: String) {
@@ -124,6 +133,9 @@ impl Observer for Console {
                 resumed_from,
             } => {
                 self.replicas = replicas;
+                for note in std::mem::take(&mut self.notes) {
+                    self.line(format!("note: {note}"));
+                }
                 if let Some(from) = resumed_from {
                     self.line(format!("resuming from {}", from.display()));
                 }

@@ -1,0 +1,156 @@
+//! kiln's cuDNN convolution against burn's own on the CUDA backend: forward, input gradient and
+//! weight gradient, for the shapes ResNets use and a few odd ones, in f32 (TF32 off and on),
+//! bf16 and f16. Skipped (with a line saying so) where there is no CUDA device or no cuDNN.
+//!
+//!     cargo test --release -p kiln-kernels --features cuda --test cudnn -- --nocapture
+
+#![cfg(feature = "cuda")]
+
+use burn::backend::{Autodiff, Cuda};
+use burn::tensor::ops::ConvOptions;
+use burn::tensor::{DType, FloatDType, Tensor, TensorData, Tolerance, module};
+
+type Train = Autodiff<Cuda>;
+
+/// Whether the test can run here; prints why not.
+fn gpu_with_cudnn() -> bool {
+    // SAFETY: only tries to open libcuda.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        println!("skipped: no CUDA device (libcuda not found)");
+        return false;
+    }
+    let count =
+        cudarc::driver::result::init().and_then(|_| cudarc::driver::result::device::get_count());
+    match count {
+        Ok(n) if n > 0 => {}
+        other => {
+            println!("skipped: no CUDA device ({other:?})");
+            return false;
+        }
+    }
+    match kiln_kernels::cudnn_status() {
+        Ok(version) => {
+            println!("cuDNN {version}");
+            true
+        }
+        Err(why) => {
+            println!("skipped: cuDNN not used: {why}");
+            false
+        }
+    }
+}
+
+/// Values spread over `low..1` from a fixed hash of their index and `salt`.
+fn fixed(shape: [usize; 4], salt: u64, low: f32) -> Tensor<Train, 4> {
+    let values: Vec<f32> = (0..shape.iter().product::<usize>() as u64)
+        .map(|i| {
+            let mut z = (i ^ (salt << 40)).wrapping_add(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            low + (1.0 - low) * (z >> 40) as f32 / (1u64 << 24) as f32
+        })
+        .collect();
+    Tensor::from_data(TensorData::new(values, shape), &Default::default())
+}
+
+/// (input, weight, stride, padding)
+const CASES: [([usize; 4], [usize; 4], usize, usize); 9] = [
+    ([2, 3, 9, 9], [4, 3, 3, 3], 1, 1),
+    ([3, 5, 17, 23], [6, 5, 3, 3], 1, 1),
+    ([3, 4, 8, 8], [5, 4, 3, 3], 2, 1),
+    ([2, 6, 8, 8], [3, 6, 1, 1], 2, 0),
+    ([1, 9, 14, 14], [19, 9, 1, 1], 1, 0),
+    ([2, 3, 33, 31], [8, 3, 7, 7], 2, 3),
+    ([1, 5, 1, 1], [3, 5, 3, 3], 1, 1),
+    ([1, 17, 7, 5], [19, 17, 3, 3], 1, 0),
+    ([4, 64, 16, 16], [64, 64, 3, 3], 1, 1),
+];
+
+/// Forward, input gradient and weight gradient through kiln (`ours`) or burn, in `dtype`,
+/// returned in f32. `weighted` weighs every output differently in the loss (so a misplaced
+/// gradient shows); otherwise the loss is a plain sum, whose gradient reaches the convolution
+/// as a broadcast (zero-stride) tensor.
+fn run(
+    ours: bool,
+    (x_shape, w_shape, stride, padding): ([usize; 4], [usize; 4], usize, usize),
+    dtype: DType,
+    weighted: bool,
+) -> [TensorData; 3] {
+    let options = ConvOptions::new([stride; 2], [padding; 2], [1, 1], 1);
+    let (x, w) = (fixed(x_shape, 1, -1.0), fixed(w_shape, 2, -1.0));
+    let (x, w) = (x.require_grad(), w.require_grad());
+    // Work queued in the fusion stream before the convolution, so that it reads fused output.
+    let x_in = (x.clone() * 0.5 + 0.25).cast(FloatDType::from(dtype));
+    let w_in = w.clone().cast(FloatDType::from(dtype));
+    let y = if ours {
+        kiln_kernels::conv2d(x_in, w_in, options.clone())
+    } else {
+        module::conv2d(x_in, w_in, None, options.clone())
+    };
+    let y = y.cast(FloatDType::F32);
+    let loss = if weighted {
+        (y.clone() * fixed(y.dims(), 3, 0.0)).sum()
+    } else {
+        y.clone().sum()
+    };
+    let grads = loss.backward();
+    [
+        y.inner().into_data(),
+        x.grad(&grads).unwrap().into_data(),
+        w.grad(&grads).unwrap().into_data(),
+    ]
+}
+
+fn compare(label: &str, case_index: usize, ours: [TensorData; 3], burn: [TensorData; 3], tol: f32) {
+    for (name, (a, b)) in ["y", "dx", "dw"].iter().zip(ours.into_iter().zip(burn)) {
+        println!("{label} case {case_index} {name}");
+        a.assert_approx_eq::<f32>(&b, Tolerance::rel_abs(tol, tol));
+    }
+}
+
+#[test]
+fn cudnn_matches_burns_convolution() {
+    if !gpu_with_cudnn() {
+        return;
+    }
+    // f32 with plain f32 products: as close as two summation orders.
+    kiln_kernels::set_tf32(false);
+    for (i, case) in CASES.into_iter().enumerate() {
+        let ours = run(true, case, DType::F32, true);
+        let burn = run(false, case, DType::F32, true);
+        compare("f32", i, ours, burn, 1e-3);
+    }
+    // The broadcast gradient of a plain sum.
+    for (i, case) in CASES.into_iter().enumerate().take(4) {
+        let ours = run(true, case, DType::F32, false);
+        let burn = run(false, case, DType::F32, false);
+        compare("f32 sum", i, ours, burn, 1e-3);
+    }
+    // Inference (plain `Cuda`, no autodiff).
+    for (i, (x_shape, w_shape, stride, padding)) in CASES.into_iter().enumerate() {
+        let options = ConvOptions::new([stride; 2], [padding; 2], [1, 1], 1);
+        let x = fixed(x_shape, 1, -1.0).inner();
+        let w = fixed(w_shape, 2, -1.0).inner();
+        let ours = kiln_kernels::conv2d(x.clone(), w.clone(), options.clone());
+        let burn = module::conv2d(x, w, None, options);
+        println!("inference case {i}");
+        ours.into_data()
+            .assert_approx_eq::<f32>(&burn.into_data(), Tolerance::rel_abs(1e-3, 1e-3));
+    }
+    // TF32 (10-bit mantissa products) and 16-bit data: looser.
+    kiln_kernels::set_tf32(true);
+    for (i, case) in CASES.into_iter().enumerate() {
+        let ours = run(true, case, DType::F32, true);
+        let burn = run(false, case, DType::F32, true);
+        compare("tf32", i, ours, burn, 3e-2);
+    }
+    for dtype in [DType::BF16, DType::F16] {
+        let tol = if dtype == DType::BF16 { 8e-2 } else { 2e-2 };
+        for (i, case) in CASES.into_iter().enumerate() {
+            let ours = run(true, case, dtype, true);
+            let burn = run(false, case, dtype, true);
+            compare(&format!("{dtype:?}"), i, ours, burn, tol);
+        }
+    }
+}

@@ -693,5 +693,44 @@ fn the_quickstart_from_its_shards_trains_as_from_the_shipped_digits() {
     };
     let digits = train("configs/quickstart.toml", "runs-digits");
     assert_eq!(digits.len(), 2);
+    let clock = std::time::Instant::now();
     assert_eq!(train(config.to_str().unwrap(), "runs-shards"), digits);
+    let duration = clock.elapsed();
+
+    // Killed in the middle and resumed, a run from shards ends as the uninterrupted one.
+    let killed = dir.path().join("runs-killed");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "train",
+            "--config",
+            config.to_str().unwrap(),
+            "--backend",
+            "flex",
+        ])
+        .args([
+            "--set",
+            "epochs=2",
+            "--set",
+            "checkpoints.every_steps=5",
+            "--set",
+        ])
+        .arg(format!("logging.runs_dir='{}'", killed.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(duration.mul_f64(0.6));
+    child.kill().unwrap();
+    assert!(child.wait().unwrap().code().is_none(), "not killed mid-run");
+    let run = run_dir(&killed);
+    assert!(trajectory(&run).len() < 2, "killed after the run had ended");
+    let resumed = kiln(&["train", "--resume", run.to_str().unwrap()]);
+    assert!(resumed.status.success(), "{:?}", errors(&resumed));
+    assert!(
+        errors(&resumed)
+            .iter()
+            .any(|l| l.starts_with("resuming from"))
+    );
+    assert_eq!(trajectory(&run), digits);
 }

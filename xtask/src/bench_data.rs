@@ -4,7 +4,8 @@
 //! The images are cut from the photographs in `xtask/assets/photos` (shorter side 300 to 480
 //! pixels, aspect 3:4 to 4:3, JPEG quality 90) into `target/bench/photos`, laid out as an
 //! ImageFolder. Both sides run `Resize(256), CenterCrop(224), ToTensor, Normalize` on one
-//! thread; kiln also runs with one worker per core.
+//! thread; kiln also runs with one worker per core, and reads the same photographs again from
+//! WebDataset tar shards (`kiln shard`'s writer), which must keep up with the folder.
 
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use image::codecs::jpeg::JpegEncoder;
 use image::imageops::FilterType;
+use kiln_data::shards::Shards;
 use kiln_data::{Dataset, ImageFolder, ImageLimits, Loader, LoaderConfig, Pipeline, Transform};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
@@ -54,9 +56,21 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         photos.display()
     );
 
-    let single = kiln_images_per_second(&photos, 0, options.passes)?;
+    let folder: Arc<dyn Dataset> = Arc::new(ImageFolder::open(&photos, ImageLimits::default())?);
+    let single = kiln_images_per_second(&folder, 0, options.passes)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let parallel = kiln_images_per_second(&photos, cores, options.passes)?;
+    let parallel = kiln_images_per_second(&folder, cores, options.passes)?;
+    // The same photographs as WebDataset tar shards (`kiln shard`), read in place.
+    let shard_dir = root.join("target/bench/photo-shards");
+    let _ = std::fs::remove_dir_all(&shard_dir);
+    let manifest = kiln_data::shards::write(&[("train", folder.as_ref())], &shard_dir, 16 << 20)?;
+    let pattern = shard_dir.join(&manifest.splits["train"].pattern);
+    let shards: Arc<dyn Dataset> = Arc::new(Shards::open(
+        &pattern.to_string_lossy(),
+        ImageLimits::default(),
+    )?);
+    let shards_single = kiln_images_per_second(&shards, 0, options.passes)?;
+    let shards_parallel = kiln_images_per_second(&shards, cores, options.passes)?;
     let torchvision = torchvision_images_per_second(root, &photos, options.passes)?;
 
     println!();
@@ -78,6 +92,15 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         "| kiln | {cores} workers | {parallel:.0} | {per_core:.0} | {} |",
         ratio(per_core)
     );
+    println!(
+        "| kiln, tar shards | 1 | {shards_single:.0} | {shards_single:.0} | {} |",
+        ratio(shards_single)
+    );
+    let shards_per_core = shards_parallel / cores as f64;
+    println!(
+        "| kiln, tar shards | {cores} workers | {shards_parallel:.0} | {shards_per_core:.0} | {} |",
+        ratio(shards_per_core)
+    );
     if torchvision.is_none() {
         println!(
             "(torchvision not importable: run with a .venv holding torch and torchvision for the reference)"
@@ -90,6 +113,9 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         "pipeline": "Resize(256), CenterCrop(224), ToTensor, Normalize",
         "kiln_images_per_s_1_thread": single,
         "kiln_images_per_s_all_cores": parallel,
+        "kiln_shards_images_per_s_1_thread": shards_single,
+        "kiln_shards_images_per_s_all_cores": shards_parallel,
+        "shards": manifest.splits["train"].shards.len(),
         "cores": cores,
         "torchvision_images_per_s_1_thread": torchvision,
         "ratio_per_core": torchvision.map(|t| single / t),
@@ -145,8 +171,11 @@ fn make_photos(sources: &Path, out: &Path, count: usize) -> anyhow::Result<(f64,
 }
 
 /// Images per second through kiln's loader: one warm-up pass, then `passes` timed ones.
-fn kiln_images_per_second(photos: &Path, workers: usize, passes: usize) -> anyhow::Result<f64> {
-    let folder: Arc<dyn Dataset> = Arc::new(ImageFolder::open(photos, ImageLimits::default())?);
+fn kiln_images_per_second(
+    dataset: &Arc<dyn Dataset>,
+    workers: usize,
+    passes: usize,
+) -> anyhow::Result<f64> {
     let pipeline = Pipeline::new(&[
         Transform::Resize { size: 256 },
         Transform::CenterCrop { size: 224 },
@@ -162,7 +191,7 @@ fn kiln_images_per_second(photos: &Path, workers: usize, passes: usize) -> anyho
         prefetch: 2 * workers,
         ..LoaderConfig::new(32, 0)
     };
-    let loader = Loader::new(folder, pipeline, config)?;
+    let loader = Loader::new(dataset.clone(), pipeline, config)?;
     let pass = |epoch: u64| -> anyhow::Result<usize> {
         let mut images = 0;
         for batch in loader.epoch(epoch) {

@@ -613,6 +613,9 @@ pub fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
             }
         };
         kiln_backend::configure_kernel_cache(&resolved);
+        for note in kiln_backend::notices(backend) {
+            eprintln!("{backend}: note: {note}");
+        }
         let task = Measure {
             backend,
             workloads: workloads.clone(),

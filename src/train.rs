@@ -134,7 +134,13 @@ impl ConfigOptions {
 }
 
 pub fn run_train(mut args: TrainArgs) -> anyhow::Result<()> {
-    let launch = Launch::from_env(|key| std::env::var(key).ok())?;
+    let flags = &args.cluster;
+    // With every cluster flag given, the launcher's variables are neither needed nor read.
+    let launch =
+        match flags.nodes.is_some() && flags.node_rank.is_some() && flags.coordinator.is_some() {
+            true => None,
+            false => Launch::from_env(|key| std::env::var(key).ok())?,
+        };
     if let Some(launch) = &launch {
         let flags = &args.cluster;
         let given =

@@ -96,20 +96,34 @@ fn start_nodes(args: impl Fn(usize) -> Vec<String>) -> Vec<Child> {
     let coordinator = format!("127.0.0.1:{}", free_port());
     (0..2)
         .map(|rank| {
-            Command::new(env!("CARGO_BIN_EXE_kiln"))
-                .arg("train")
-                .args(args(rank))
-                .args(["--backend", "flex", "--nodes", "2"])
-                .args(["--node-rank", &rank.to_string()])
-                .args(["--coordinator", &coordinator])
-                .args(["--node-address", &format!("127.0.0.1:{}", free_port())])
-                .env_remove("RUST_BACKTRACE")
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
+            let mut args = args(rank);
+            args.extend(["--nodes", "2", "--node-rank", &rank.to_string()].map(String::from));
+            args.extend(["--coordinator".into(), coordinator.clone()]);
+            args.extend([
+                "--node-address".into(),
+                format!("127.0.0.1:{}", free_port()),
+            ]);
+            train_on_flex(args, Vec::new())
         })
         .collect()
+}
+
+/// `kiln train --backend flex` with `args`, in the environment and `env`, its errors piped.
+fn train_on_flex(args: Vec<String>, env: Vec<(String, String)>) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("train")
+        .args(args)
+        .args(["--backend", "flex"])
+        .env_remove("RUST_BACKTRACE")
+        // The test runner's own launcher, if any, is not these processes'.
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .env_remove("SLURM_STEP_ID")
+        .envs(env)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// `kiln train`'s arguments for a new run of `config` with its run directory in `runs`.
@@ -209,18 +223,7 @@ fn launch_two(
     env: impl Fn(usize) -> Vec<(String, String)>,
 ) {
     let nodes: Vec<Child> = (0..2)
-        .map(|rank| {
-            Command::new(env!("CARGO_BIN_EXE_kiln"))
-                .arg("train")
-                .args(new_run(config, &runs(rank)))
-                .args(["--backend", "flex"])
-                .envs(env(rank))
-                .env_remove("RUST_BACKTRACE")
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
+        .map(|rank| train_on_flex(new_run(config, &runs(rank)), env(rank)))
         .collect();
     for (rank, node) in nodes.into_iter().enumerate() {
         let (ok, stderr) = finish(node, Duration::from_secs(300));

@@ -725,7 +725,13 @@ fn the_quickstart_from_its_shards_trains_as_from_the_shipped_digits() {
     assert!(child.wait().unwrap().code().is_none(), "not killed mid-run");
     let run = run_dir(&killed);
     assert!(trajectory(&run).len() < 2, "killed after the run had ended");
-    let resumed = kiln(&["train", "--resume", run.to_str().unwrap()]);
+    let resumed = kiln(&[
+        "train",
+        "--resume",
+        run.to_str().unwrap(),
+        "--backend",
+        "flex",
+    ]);
     assert!(resumed.status.success(), "{:?}", errors(&resumed));
     assert!(
         errors(&resumed)

@@ -99,7 +99,8 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
 }
 
 /// kiln-kernels' cuDNN test (`crates/kiln-kernels/tests/cudnn.rs`: each convolution pass through
-/// cuDNN against burn's own kernel), built as a program the GPU machine runs first.
+/// cuDNN, and burn's own CUDA convolution, against burn's on the CPU), built as a program the GPU
+/// machine runs first.
 fn cudnn_test(root: &Path) -> anyhow::Result<PathBuf> {
     let output = Command::new("cargo")
         .args([

@@ -166,18 +166,7 @@ fn symlink(_: &Path, _: &Path) -> std::io::Result<()> {
 /// The newest `libnvrtc.so.N` (or `libnvrtc.so`) in the first of `dirs` that has one.
 fn find_nvrtc(dirs: &[PathBuf]) -> Option<PathBuf> {
     dirs.iter().find_map(|dir| {
-        let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-            .ok()?
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n == "libnvrtc.so" || n.starts_with("libnvrtc.so."))
-            })
-            .collect();
-        found.sort();
-        found.pop()
+        files_named(dir, |n| n == "libnvrtc.so" || n.starts_with("libnvrtc.so.")).pop()
     })
 }
 
@@ -186,16 +175,19 @@ pub fn nvrtc_builtins(nvrtc: &Path) -> Vec<PathBuf> {
     let Some(dir) = nvrtc.parent() else {
         return Vec::new();
     };
+    files_named(dir, |n| {
+        n.starts_with("libnvrtc-builtins") && n.contains(".so")
+    })
+}
+
+/// The files in `dir` whose names `keep` accepts, sorted (none where `dir` cannot be read).
+pub(crate) fn files_named(dir: &Path, keep: impl Fn(&str) -> bool) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libnvrtc-builtins") && n.contains(".so"))
-        })
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(&keep))
         .collect();
     found.sort();
     found

@@ -8,6 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::cuda_setup::files_named;
+
 /// The cuDNN that a CUDA run opens, and what it needs opened before it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CudnnFiles {
@@ -92,19 +94,7 @@ pub fn library_path() -> Vec<PathBuf> {
 
 /// The files in `dir` whose names start with one of `prefixes`, sorted.
 fn libraries(dir: &Path, prefixes: &[&str]) -> Vec<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| prefixes.iter().any(|prefix| n.starts_with(prefix)))
-        })
-        .collect();
-    found.sort();
-    found
+    files_named(dir, |name| prefixes.iter().any(|p| name.starts_with(p)))
 }
 
 /// `cudnnGetVersion()`'s number as people write it: 91900 is 9.19.0 (cuDNN 9 counts minor

@@ -190,6 +190,9 @@ pub unsafe fn quiet_headless_vulkan() {
 
 /// A probe of this machine. Never panics and never constructs a burn device.
 pub fn probe() -> Probe {
+    // Before any backend is probed: wgpu's probe starts driver threads that read the
+    // environment, which setting it must not race.
+    cuda_probe::set_driver_cache();
     Probe::default()
 }
 
@@ -358,15 +361,19 @@ mod cuda_probe {
 
     /// The NVIDIA driver's compiled-kernel cache at its largest in kiln's cache folder (unless
     /// the user set it), before the driver starts and reads it.
-    fn set_driver_cache() {
+    pub fn set_driver_cache() {
         static DONE: OnceLock<()> = OnceLock::new();
         DONE.get_or_init(|| {
             let get = |key: &str| std::env::var_os(key);
             for (key, value) in
                 kernel_cache::driver_cache_settings(get, &kiln_download::cache_root())
             {
-                // SAFETY: the probe runs before any CUDA device is created, so no cubecl or
-                // driver thread reads the environment yet; kiln's own threads never read it.
+                if key == "CUDA_CACHE_PATH" {
+                    let _ = std::fs::create_dir_all(&value);
+                }
+                // SAFETY: `probe()` calls this first, before any backend is probed and so
+                // before any driver or cubecl thread exists to read the environment; kiln's own
+                // threads never read it.
                 unsafe { std::env::set_var(key, value) };
             }
         });
@@ -470,6 +477,8 @@ mod cuda_probe {
     pub fn cudnn() -> Result<String, String> {
         Err("kiln was built without CUDA".into())
     }
+
+    pub fn set_driver_cache() {}
 }
 
 #[cfg(feature = "wgpu")]

@@ -63,28 +63,41 @@ impl Shards {
     /// Indexes the shards `pattern` names. A missing shard, one that is not a tar archive, a
     /// truncated one and a sample without its label are errors naming the shard.
     pub fn open(pattern: &str, limits: ImageLimits) -> Result<Self, DataError> {
+        Self::open_with(pattern, None, limits)
+    }
+
+    /// [`Self::open`], labelling with `classes` where given (validation shards, which must use
+    /// the training shards' classes), else with the manifest's, else `0..=` the highest label.
+    pub fn open_with(
+        pattern: &str,
+        classes: Option<&[String]>,
+        limits: ImageLimits,
+    ) -> Result<Self, DataError> {
         let files = expand(pattern)?;
+        let manifest = files.first().and_then(|f| Manifest::beside(f));
         let mut members = Vec::new();
         for (shard, file) in files.iter().enumerate() {
-            index_shard(file, shard as u32, &mut members)?;
+            let listed = manifest.as_ref().and_then(|m| m.samples_of(file));
+            index_shard(file, shard as u32, listed, &mut members)?;
         }
         if members.is_empty() {
             return Err(DataError::Invalid(format!(
                 "the shards `{pattern}` hold no images (members named key.jpg, key.png, ... with key.cls)"
             )));
         }
-        let classes = match Manifest::beside(&files[0]) {
-            Some(manifest) => manifest.classes,
-            None => {
+        let (classes, from) = match (classes, manifest) {
+            (Some(classes), _) => (classes.to_vec(), "the training shards"),
+            (None, Some(manifest)) => (manifest.classes, MANIFEST),
+            (None, None) => {
                 let top = members.iter().map(|m| m.label).max().unwrap_or(0);
-                (0..=top).map(|c| c.to_string()).collect()
+                ((0..=top).map(|c| c.to_string()).collect(), "")
             }
         };
         if let Some(m) = members.iter().find(|m| m.label as usize >= classes.len()) {
             return Err(DataError::Corrupt {
                 path: files[m.shard as usize].clone(),
                 reason: format!(
-                    "{}'s class {} is past the {} classes of {MANIFEST}",
+                    "{}'s class {} is past the {} classes of {from}",
                     m.name,
                     m.label,
                     classes.len()
@@ -157,8 +170,13 @@ struct Pending {
     label: Option<u32>,
 }
 
-/// Adds the samples of shard `file` to `members`: each key's image member and its `.cls`.
-fn index_shard(file: &Path, shard: u32, members: &mut Vec<Member>) -> Result<(), DataError> {
+/// Adds the samples of shard `file` to `members`; `listed`: how many the manifest says it holds.
+fn index_shard(
+    file: &Path,
+    shard: u32,
+    listed: Option<usize>,
+    members: &mut Vec<Member>,
+) -> Result<(), DataError> {
     let corrupt = |reason: String| DataError::Corrupt {
         path: file.to_path_buf(),
         reason,
@@ -246,7 +264,6 @@ fn index_shard(file: &Path, shard: u32, members: &mut Vec<Member>) -> Result<(),
             name,
         });
     }
-    let listed = Manifest::beside(file).and_then(|m| m.samples_of(file));
     if let Some(listed) = listed
         && listed != members.len() - before
     {
@@ -358,10 +375,11 @@ fn write_split(
     let mut writer: Option<ShardWriter> = None;
     for index in 0..dataset.len() {
         let (bytes, extension) = encoded(dataset, index)?;
-        let size = 3 * 512 + bytes.len() as u64;
+        // The image's header and blocks and the label's; the archive's end takes 1024 more.
+        let size = 512 + (bytes.len() as u64).div_ceil(512) * 512 + 1024;
         if writer
             .as_ref()
-            .is_some_and(|w| w.samples > 0 && w.bytes + size > max_bytes)
+            .is_some_and(|w| w.samples > 0 && w.bytes + size + 1024 > max_bytes)
         {
             shards.push(writer.take().expect("checked").finish()?);
         }
@@ -383,13 +401,17 @@ fn write_split(
     Ok(shards)
 }
 
-/// Image `index` as file bytes and their extension: the file's own where it has one.
+/// Image `index` as file bytes and their extension: the file's own where it has one that
+/// readers know as an image's, else the decoded image as PNG.
 fn encoded(dataset: &dyn Dataset, index: usize) -> Result<(Vec<u8>, String), DataError> {
-    if let Some(file) = dataset.file(index) {
+    let kept = dataset.file(index).and_then(|file| {
+        let extension = file.extension()?.to_str()?.to_ascii_lowercase();
+        IMAGE_EXTENSIONS
+            .contains(&extension.as_str())
+            .then_some((file, extension))
+    });
+    if let Some((file, extension)) = kept {
         let bytes = std::fs::read(&file).map_err(DataError::io(&file))?;
-        let extension = file
-            .extension()
-            .map_or("jpg".into(), |e| e.to_string_lossy().to_ascii_lowercase());
         return Ok((bytes, extension));
     }
     let image = dataset.image(index)?;
@@ -498,7 +520,7 @@ mod tests {
         let train = Synthetic::new(10, 5, 4, 3, 7).unwrap();
         let val = Synthetic::new(3, 5, 4, 3, 8).unwrap();
         // Two samples a shard (each about 2 KiB with its headers).
-        let manifest = write(&[("train", &train), ("val", &val)], dir.path(), 4500).unwrap();
+        let manifest = write(&[("train", &train), ("val", &val)], dir.path(), 6200).unwrap();
         let split = &manifest.splits["train"];
         assert!(split.shards.len() > 2, "{split:?}");
         assert_eq!(split.samples, 10);
@@ -571,6 +593,27 @@ mod tests {
             seen.sort_unstable();
             assert_eq!(seen, (0..count).collect::<Vec<_>>(), "epoch {epoch}");
         }
+    }
+
+    #[test]
+    fn validation_shards_take_the_training_classes_without_a_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let train = Synthetic::new(12, 3, 3, 4, 1).unwrap();
+        let manifest = write(&[("train", &train)], dir.path(), 1 << 20).unwrap();
+        std::fs::remove_file(dir.path().join(MANIFEST)).unwrap();
+        let pattern = dir.path().join(&manifest.splits["train"].pattern);
+        let pattern = pattern.to_str().unwrap();
+        let classes = ["a", "b", "c", "d", "e"].map(String::from);
+        let val = Shards::open_with(pattern, Some(&classes), ImageLimits::default()).unwrap();
+        assert_eq!(val.classes(), classes);
+        let error = Shards::open_with(pattern, Some(&classes[..1]), ImageLimits::default())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains("past the 1 classes of the training shards"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -176,13 +176,14 @@ impl Source {
                     .iter()
                     .filter_map(|f| Some(f.file_name()?.to_string_lossy().into_owned()))
                     .collect();
-                let listed = manifest.splits.values().flat_map(|s| &s.shards);
-                Some(
-                    listed
-                        .filter(|s| names.contains(&s.file))
-                        .map(|s| s.samples)
-                        .sum(),
-                )
+                // Only where the manifest lists every shard of the pattern.
+                let listed: Vec<_> = manifest
+                    .splits
+                    .values()
+                    .flat_map(|s| &s.shards)
+                    .filter(|s| names.contains(&s.file))
+                    .collect();
+                (listed.len() == names.len()).then(|| listed.iter().map(|s| s.samples).sum())
             }
         }
     }
@@ -277,17 +278,11 @@ impl Source {
             Source::Shards { train, val } => {
                 let train = Shards::open(train, limits)?;
                 let val = match val {
-                    Some(val) => {
-                        let val = Shards::open(val, limits)?;
-                        if val.classes() != train.classes() {
-                            return Err(DataError::Invalid(format!(
-                                "the validation shards' classes ({}) differ from the training shards' ({}); labels would not match",
-                                val.classes().join(", "),
-                                train.classes().join(", ")
-                            )));
-                        }
-                        Some(Arc::new(val) as SharedDataset)
-                    }
+                    Some(val) => Some(Arc::new(Shards::open_with(
+                        val,
+                        Some(train.classes()),
+                        limits,
+                    )?) as SharedDataset),
                     None => None,
                 };
                 Ok(Splits {

@@ -62,9 +62,17 @@ impl Launch {
     /// `WORLD_SIZE`), then SLURM's inside `srun` (`SLURM_STEP_ID`).
     pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, LaunchError> {
         let get = |key: &str| get(key).filter(|v| !v.trim().is_empty());
+        // A world of one process is a plain run, whatever else is set or missing.
+        let alone = |key: &str| get(key).is_some_and(|v| v.trim() == "1");
         let launch = if get("WORLD_SIZE").is_some() || get("RANK").is_some() {
+            if alone("WORLD_SIZE") {
+                return Ok(None);
+            }
             torchrun(&get)?
         } else if get("SLURM_STEP_ID").is_some() && get("SLURM_PROCID").is_some() {
+            if alone("SLURM_STEP_NUM_TASKS") || alone("SLURM_NTASKS") {
+                return Ok(None);
+            }
             slurm(&get)?
         } else {
             return Ok(None);
@@ -95,7 +103,11 @@ fn torchrun(get: &impl Fn(&str) -> Option<String>) -> Result<Launch, LaunchError
     let agent_store = get("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v == "True");
     let (coordinator_port, port_source) = match agent_store {
         true => (
-            master_port + 1,
+            master_port.checked_add(1).ok_or(LaunchError::Malformed {
+                variable: "MASTER_PORT",
+                value: master_port.to_string(),
+                expected: "below 65535 under torchrun, whose store holds it (kiln takes the next)",
+            })?,
             "MASTER_PORT + 1, torchrun's store being on MASTER_PORT",
         ),
         false => (master_port, "MASTER_PORT"),
@@ -354,6 +366,9 @@ mod tests {
             ("MASTER_PORT", "29500"),
         ];
         assert_eq!(Launch::from_env(env(&single)).unwrap(), None);
+        // Nothing else is needed of a world of one.
+        let bare = [("RANK", "0"), ("WORLD_SIZE", "1")];
+        assert_eq!(Launch::from_env(env(&bare)).unwrap(), None);
     }
 
     #[test]

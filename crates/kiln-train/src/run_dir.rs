@@ -66,12 +66,18 @@ impl RunDir {
                 }
             })
             .collect();
+        std::fs::create_dir_all(runs_dir)?;
+        // Claimed with one `create_dir`, which only one process can win: the processes of a
+        // launched run start in the same second and may share `runs_dir`.
         let mut path = runs_dir.join(format!("{safe_name}-{stamp}"));
         for n in 2.. {
-            if !path.exists() {
-                break;
+            match std::fs::create_dir(&path) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    path = runs_dir.join(format!("{safe_name}-{stamp}-{n}"));
+                }
+                Err(e) => return Err(e),
             }
-            path = runs_dir.join(format!("{safe_name}-{stamp}-{n}"));
         }
         std::fs::create_dir_all(path.join("checkpoints"))?;
         let dir = Self { path };

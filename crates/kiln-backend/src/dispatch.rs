@@ -61,11 +61,20 @@ pub(crate) fn wgpu_device(info: &DeviceInfo) -> burn::backend::wgpu::WgpuDevice 
 }
 
 /// `vulkan` and `metal` pin the graphics API before burn first touches the device; `wgpu`
-/// leaves burn's choice (Metal on macOS, Vulkan elsewhere).
+/// leaves burn's choice (Metal on macOS, Vulkan elsewhere). Once per device and process: cubecl
+/// panics on a second setup of a device ("Service already initialized"), which `kiln compare`
+/// with `--trajectories` would ask for, running on each backend twice.
 #[cfg(feature = "wgpu")]
 fn init_graphics_api(backend: Backend, devices: &[burn::backend::wgpu::WgpuDevice]) {
     use burn::backend::wgpu::{RuntimeOptions, graphics, init_setup};
+    static DONE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
     for device in devices {
+        let key = format!("{device:?}");
+        if done.contains(&key) {
+            continue;
+        }
+        done.push(key);
         match backend {
             Backend::Vulkan => {
                 init_setup::<graphics::Vulkan>(device, RuntimeOptions::default());

@@ -488,109 +488,60 @@ fn find(
     // NCHW), `ws` holds `ws_size` bytes (or is null with 0); `results` has room for the
     // `requested` entries cuDNN may write, and only the `returned` first are read. All-zero
     // results are valid values of the C structs (algorithm 0, success, default math).
+    // One search: `$find` with the descriptors in its order, results of type `$perf`, at most
+    // `$count`, each algorithm wrapped as `$algo`.
+    macro_rules! search {
+        ($find:ident, $perf:ty, $count:expr, $algo:path, [$d1:expr, $d2:expr, $d3:expr, $d4:expr]) => {{
+            let mut results = [unsafe { MaybeUninit::<$perf>::zeroed().assume_init() }; $count];
+            check(
+                unsafe {
+                    sys::$find(
+                        handle,
+                        $d1,
+                        a,
+                        $d2,
+                        b,
+                        $d3,
+                        $d4,
+                        out,
+                        results.len() as i32,
+                        &mut returned,
+                        results.as_mut_ptr(),
+                        ws,
+                        ws_size,
+                    )
+                },
+                stringify!($find),
+            )?;
+            results[..returned.clamp(0, results.len() as i32) as usize]
+                .iter()
+                .filter(|r| r.status == success)
+                .map(|r| ($algo(r.algo), from_math_type(r.mathType), r.memory))
+                .collect()
+        }};
+    }
     let found = match pass {
-        Pass::Forward => {
-            let mut results = [unsafe {
-                MaybeUninit::<sys::cudnnConvolutionFwdAlgoPerf_t>::zeroed().assume_init()
-            }; FORWARD_ALGOS.len()];
-            check(
-                unsafe {
-                    sys::cudnnFindConvolutionForwardAlgorithmEx(
-                        handle,
-                        desc.x.0,
-                        a,
-                        desc.w.0,
-                        b,
-                        desc.conv.0,
-                        desc.y.0,
-                        out,
-                        results.len() as i32,
-                        &mut returned,
-                        results.as_mut_ptr(),
-                        ws,
-                        ws_size,
-                    )
-                },
-                "cudnnFindConvolutionForwardAlgorithmEx",
-            )?;
-            results[..returned.clamp(0, results.len() as i32) as usize]
-                .iter()
-                .filter(|r| r.status == success)
-                .map(|r| (Algo::Forward(r.algo), from_math_type(r.mathType), r.memory))
-                .collect()
-        }
-        Pass::BackwardData => {
-            let mut results = [unsafe {
-                MaybeUninit::<sys::cudnnConvolutionBwdDataAlgoPerf_t>::zeroed().assume_init()
-            }; BACKWARD_DATA_ALGOS.len()];
-            check(
-                unsafe {
-                    sys::cudnnFindConvolutionBackwardDataAlgorithmEx(
-                        handle,
-                        desc.w.0,
-                        a,
-                        desc.y.0,
-                        b,
-                        desc.conv.0,
-                        desc.x.0,
-                        out,
-                        results.len() as i32,
-                        &mut returned,
-                        results.as_mut_ptr(),
-                        ws,
-                        ws_size,
-                    )
-                },
-                "cudnnFindConvolutionBackwardDataAlgorithmEx",
-            )?;
-            results[..returned.clamp(0, results.len() as i32) as usize]
-                .iter()
-                .filter(|r| r.status == success)
-                .map(|r| {
-                    (
-                        Algo::BackwardData(r.algo),
-                        from_math_type(r.mathType),
-                        r.memory,
-                    )
-                })
-                .collect()
-        }
-        Pass::BackwardFilter => {
-            let mut results = [unsafe {
-                MaybeUninit::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>::zeroed().assume_init()
-            }; BACKWARD_FILTER_ALGOS.len()];
-            check(
-                unsafe {
-                    sys::cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                        handle,
-                        desc.x.0,
-                        a,
-                        desc.y.0,
-                        b,
-                        desc.conv.0,
-                        desc.w.0,
-                        out,
-                        results.len() as i32,
-                        &mut returned,
-                        results.as_mut_ptr(),
-                        ws,
-                        ws_size,
-                    )
-                },
-                "cudnnFindConvolutionBackwardFilterAlgorithmEx",
-            )?;
-            results[..returned.clamp(0, results.len() as i32) as usize]
-                .iter()
-                .filter(|r| r.status == success)
-                .map(|r| {
-                    (
-                        Algo::BackwardFilter(r.algo),
-                        from_math_type(r.mathType),
-                        r.memory,
-                    )
-                })
-                .collect()
-        }
+        Pass::Forward => search!(
+            cudnnFindConvolutionForwardAlgorithmEx,
+            sys::cudnnConvolutionFwdAlgoPerf_t,
+            FORWARD_ALGOS.len(),
+            Algo::Forward,
+            [desc.x.0, desc.w.0, desc.conv.0, desc.y.0]
+        ),
+        Pass::BackwardData => search!(
+            cudnnFindConvolutionBackwardDataAlgorithmEx,
+            sys::cudnnConvolutionBwdDataAlgoPerf_t,
+            BACKWARD_DATA_ALGOS.len(),
+            Algo::BackwardData,
+            [desc.w.0, desc.y.0, desc.conv.0, desc.x.0]
+        ),
+        Pass::BackwardFilter => search!(
+            cudnnFindConvolutionBackwardFilterAlgorithmEx,
+            sys::cudnnConvolutionBwdFilterAlgoPerf_t,
+            BACKWARD_FILTER_ALGOS.len(),
+            Algo::BackwardFilter,
+            [desc.x.0, desc.y.0, desc.conv.0, desc.w.0]
+        ),
     };
     Ok(found)
 }

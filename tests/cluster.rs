@@ -232,6 +232,26 @@ fn launch_two(
     }
 }
 
+/// Writes `CONFIG` into `dir` and trains it in one process into `dir/single`: the config and
+/// its path, for the runs on two machines to match.
+fn trained_alone(dir: &Path) -> (TrainConfig, String) {
+    let config_path = dir.join("cluster.toml");
+    std::fs::write(&config_path, CONFIG).unwrap();
+    let config = TrainConfig::load(&config_path, &[]).unwrap();
+    let config_arg = config_path.to_string_lossy().into_owned();
+    let single = kiln(&[
+        "train",
+        "--config",
+        &config_arg,
+        "--backend",
+        "flex",
+        "--set",
+        &format!("logging.runs_dir='{}'", dir.join("single").display()),
+    ]);
+    assert!(single.status.success(), "{:?}", errors(&single));
+    (config, config_arg)
+}
+
 /// A SLURM job id whose coordinator port (15000 + its last four digits) is free now.
 fn free_job_id() -> u64 {
     loop {
@@ -247,21 +267,8 @@ fn free_job_id() -> u64 {
 #[test]
 fn srun_and_torchrun_environments_start_a_run_without_flags() {
     let dir = tempfile::tempdir().unwrap();
-    let config_path = dir.path().join("cluster.toml");
-    std::fs::write(&config_path, CONFIG).unwrap();
-    let config = TrainConfig::load(&config_path, &[]).unwrap();
-    let config_arg = config_path.to_string_lossy().into_owned();
+    let (config, config_arg) = trained_alone(dir.path());
     let runs = |name: String| dir.path().join(name);
-    let single = kiln(&[
-        "train",
-        "--config",
-        &config_arg,
-        "--backend",
-        "flex",
-        "--set",
-        &format!("logging.runs_dir='{}'", runs("single".into()).display()),
-    ]);
-    assert!(single.status.success(), "{:?}", errors(&single));
 
     let job = free_job_id().to_string();
     let srun = |rank: usize| {
@@ -327,22 +334,8 @@ fn a_malformed_launcher_variable_is_one_clear_line() {
 #[test]
 fn two_processes_through_the_coordinator_train_as_one() {
     let dir = tempfile::tempdir().unwrap();
-    let config_path = dir.path().join("cluster.toml");
-    std::fs::write(&config_path, CONFIG).unwrap();
-    let config = TrainConfig::load(&config_path, &[]).unwrap();
-    let config_arg = config_path.to_string_lossy().into_owned();
+    let (config, config_arg) = trained_alone(dir.path());
     let runs = |name: &str| dir.path().join(name);
-
-    let single = kiln(&[
-        "train",
-        "--config",
-        &config_arg,
-        "--backend",
-        "flex",
-        "--set",
-        &format!("logging.runs_dir='{}'", runs("single").display()),
-    ]);
-    assert!(single.status.success(), "{:?}", errors(&single));
 
     let nodes = start_nodes(|rank| new_run(&config_arg, &runs(&format!("node{rank}"))));
     for (rank, node) in nodes.into_iter().enumerate() {

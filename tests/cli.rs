@@ -360,6 +360,42 @@ fn readmes_test_command_reuses_every_crate_its_main_command_builds() {
     );
 }
 
+/// After README's two commands, `cargo xtask compare` (xtask alone, then the kiln binary with
+/// the compared backends' features) builds nothing of theirs again: building xtask alone
+/// resolved kiln-data's, image's and twenty other crates' features apart from the workspace's.
+#[test]
+fn xtask_compare_reuses_every_crate_readmes_commands_build() {
+    let built: std::collections::HashSet<u64> = [
+        unit_graph(&["build", "--release", "--bin", "kiln"]),
+        unit_graph(&["test", "--release", "--workspace", "--no-run"]),
+    ]
+    .iter()
+    .flat_map(unit_keys)
+    .collect();
+    let xtask = unit_graph(&["build", "--release", "--package", "xtask"]);
+    let compare = unit_graph(&[
+        "build", "--release", "--package", "kiln", "--bin", "kiln", "--features", "ndarray",
+    ]);
+    let mut apart = Vec::new();
+    for graph in [xtask, compare] {
+        let keys = unit_keys(&graph);
+        let units = graph["units"].as_array().unwrap();
+        for (unit, key) in units.iter().zip(keys) {
+            let described = describe(unit);
+            if !built.contains(&key) && !described.starts_with("xtask ") {
+                apart.push(described);
+            }
+        }
+    }
+    apart.sort();
+    apart.dedup();
+    assert!(
+        apart.is_empty(),
+        "cargo xtask compare builds these again:\n{}",
+        apart.join("\n")
+    );
+}
+
 /// `name version (target, mode) features [...]`, for a unit of `cargo --unit-graph`.
 fn describe(unit: &serde_json::Value) -> String {
     // "registry+...#name@1.2.3", or "path+file:///.../name#1.2.3" for a path package.

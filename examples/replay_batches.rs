@@ -14,7 +14,7 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use kiln_data::{HostBatch, Loader, Shard};
 use kiln_train::TrainConfig;
-use kiln_train::engine::loaders;
+use kiln_train::loaders::loaders;
 use kiln_train::schedule::Schedule;
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;

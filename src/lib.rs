@@ -24,14 +24,15 @@ use kiln_backend::{
 use kiln_data::Shard;
 use kiln_models::{Stem, weights};
 use kiln_train::config::BatchSize;
-use kiln_train::engine::{Evaluation, loaders};
+use kiln_train::evaluate::Evaluation;
+use kiln_train::loaders::loaders;
 use kiln_train::measure::{self, Measured, WarmUpSizes};
 use kiln_train::parallel::Placement;
 use kiln_train::plan::{Budget, Plan};
 use kiln_train::predict::{PredictRequest, Prediction};
 use kiln_train::progress::Console;
 use kiln_train::step::build_model;
-use kiln_train::{Outcome, RunDir, TrainConfig, TrainError};
+use kiln_train::{Facts, Outcome, Purpose, RunDir, TrainConfig, TrainError, settle};
 
 pub use kiln_backend::{BackendChoice, DeviceSelection, KernelCache};
 pub use kiln_train::lr_find::{LrFind, LrFindOptions, LrPoint};
@@ -51,18 +52,8 @@ pub fn train(
 ) -> anyhow::Result<Outcome> {
     let resolved = resolve(backend, devices, &probe())?;
     configure_kernel_cache(&resolved);
-    let mut config = config.clone();
-    // GPU runs are long and a kill would lose a whole epoch: checkpoint every half hour too,
-    // unless the config says when.
-    let checkpoints = &mut config.checkpoints;
-    if resolved.backend.compiles_kernels()
-        && checkpoints.every_minutes.is_none()
-        && checkpoints.every_steps.is_none()
-    {
-        checkpoints.every_minutes = Some(30.0);
-    }
     let task = Train {
-        config,
+        config: config.clone(),
         run: RunDir::open(&run.path),
         resume,
         compiles_kernels: resolved.backend.compiles_kernels(),
@@ -96,8 +87,14 @@ impl BackendTask for Train {
             devices,
             cluster: self.cluster,
         };
+        let facts = Facts {
+            compiles_kernels: self.compiles_kernels,
+            available_bytes: self.memory.available(),
+            replicas: placement.peers(),
+        };
+        let settled = settle(&self.config, &facts, Purpose::Train)?;
         let outcome = kiln_train::train::<B>(
-            &self.config,
+            &settled,
             &self.run,
             self.resume,
             placement,
@@ -112,7 +109,7 @@ impl BackendTask for Train {
         } = &outcome
         {
             let text = kiln_train::run_dir::summary_text(
-                &self.config,
+                &settled.config,
                 &self.run,
                 last.as_ref(),
                 model,
@@ -139,35 +136,30 @@ pub fn evaluate(
 ) -> anyhow::Result<Evaluation> {
     let resolved = resolve(backend, devices, &probe())?;
     configure_kernel_cache(&resolved);
-    let available = MemoryMeter::for_device(&resolved).available();
     let task = Eval {
-        config: eval_batch_size(config, available),
+        config: settled_without_training(config, &resolved)?,
         weights,
     };
     Ok(run_on(&resolved, task)??)
 }
 
+/// `config` settled for work that keeps no optimizer state for a whole run (evaluation, the
+/// range test, the warm-up): `batch_size = "auto"` is the training batch that fits one device.
+fn settled_without_training(
+    config: &TrainConfig,
+    resolved: &Resolved,
+) -> Result<TrainConfig, TrainError> {
+    let facts = Facts {
+        compiles_kernels: resolved.backend.compiles_kernels(),
+        available_bytes: MemoryMeter::for_device(resolved).available(),
+        replicas: 1,
+    };
+    Ok(settle(config, &facts, Purpose::Evaluate)?.config)
+}
+
 struct Eval {
     config: TrainConfig,
     weights: PathBuf,
-}
-
-/// Evaluation batches for a config whose `batch_size` is `"auto"`: the training batch that
-/// fits, which evaluation (no gradients, no optimizer state) needs less memory for.
-fn eval_batch_size(config: &TrainConfig, available: Option<u64>) -> TrainConfig {
-    const UNPLANNED: usize = 64;
-    let plan = Plan::new(config, 1).ok();
-    let budget = Budget::of(config, available).map(|b| b.bytes);
-    let batch = plan
-        .zip(budget)
-        .and_then(|(plan, budget)| plan.auto_batch_size(budget, None).ok())
-        .map(|auto| auto.batch_size)
-        .unwrap_or(UNPLANNED);
-    let mut settled = config.clone();
-    if config.batch_size == BatchSize::Auto {
-        settled.batch_size = BatchSize::Fixed(batch);
-    }
-    settled
 }
 
 impl BackendTask for Eval {
@@ -282,8 +274,6 @@ impl BackendTask for Measure<'_> {
     }
 }
 
-/// Compiles and tunes the kernels `config`'s run will use on the requested device, so that the
-/// run itself starts at full speed (`kiln warmup`); says where they are kept.
 /// Leslie Smith's learning-rate range test (`kiln_train::lr_find`) on `config`'s model and
 /// data, on the first requested device; `progress` hears each step. Nothing is written.
 pub fn lr_find(
@@ -296,9 +286,8 @@ pub fn lr_find(
     options.check().map_err(anyhow::Error::msg)?;
     let resolved = resolve(backend, devices, &probe())?;
     configure_kernel_cache(&resolved);
-    let available = MemoryMeter::for_device(&resolved).available();
     let task = RangeTest {
-        config: eval_batch_size(config, available),
+        config: settled_without_training(config, &resolved)?,
         options,
         progress,
     };
@@ -325,6 +314,8 @@ impl BackendTask for RangeTest<'_> {
     }
 }
 
+/// Compiles and tunes the kernels `config`'s run will use on the requested device, so that the
+/// run itself starts at full speed (`kiln warmup`); says where they are kept.
 pub fn warmup(
     config: &TrainConfig,
     backend: BackendChoice,
@@ -335,8 +326,7 @@ pub fn warmup(
     if cache == KernelCache::None {
         return Ok(cache);
     }
-    let available = MemoryMeter::for_device(&resolved).available();
-    let config = eval_batch_size(config, available);
+    let config = settled_without_training(config, &resolved)?;
     let plan = Plan::new(&config, resolved.devices.len())?;
     let (train, val) = loaders(&config, Shard::WHOLE)?;
     let sizes = WarmUpSizes::new(

@@ -374,7 +374,14 @@ fn xtask_compare_reuses_every_crate_readmes_commands_build() {
     .collect();
     let xtask = unit_graph(&["build", "--release", "--package", "xtask"]);
     let compare = unit_graph(&[
-        "build", "--release", "--package", "kiln", "--bin", "kiln", "--features", "ndarray",
+        "build",
+        "--release",
+        "--package",
+        "kiln",
+        "--bin",
+        "kiln",
+        "--features",
+        "ndarray",
     ]);
     let mut apart = Vec::new();
     for graph in [xtask, compare] {

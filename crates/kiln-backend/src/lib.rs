@@ -60,7 +60,7 @@ pub fn resolve(
 /// Points cubecl's kernel and autotune caches at `folder` for this process alone (the first
 /// call in a process decides). `kiln compare` checks arithmetic with kernels tuned for its own
 /// shapes only: autotune results cached by other runs have been seen to pick a kernel that is
-/// wrong for a shape of the same tuning key (see README, "Checking the backends agree").
+/// wrong for a shape of the same tuning key (docs/checking.md, "Checking the backends agree").
 pub fn configure_private_kernel_cache(folder: PathBuf) -> KernelCache {
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
     return kernel_cache::configure(folder);

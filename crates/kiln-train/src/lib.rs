@@ -5,8 +5,11 @@
 //!   frozen parameters and parameter groups by torchvision name.
 //! - `step`: the one training step (and the model, loss and counts it needs), which training,
 //!   the benchmarks, the backend comparison and `measure` all run.
-//! - `engine`: the training loop and evaluation; `checkpoint` and `run_dir` keep its state and
-//!   record; `progress` shows it on a console.
+//! - `settle`: the one place where a config's device-dependent defaults are settled.
+//! - `engine`: the epoch loop over a `trainer` (the run in progress: replicas, loaders,
+//!   schedule, position); `loaders` opens the data, `evaluate` validates. Everything a run
+//!   writes goes through the `recorder` (`run_dir`, `checkpoint`, `report`, `tensorboard`,
+//!   `confusion`); `progress` shows the engine's events on a console.
 //! - `parallel`: data parallel replicas over devices and machines, each on a thread of its
 //!   own; `collective`: what they exchange.
 //! - `plan`: the memory a step needs, the batch that fits, `batch_size = "auto"` (arithmetic
@@ -24,8 +27,10 @@ pub mod early_stopping;
 pub mod ema;
 pub mod engine;
 pub mod error;
+pub mod evaluate;
 pub mod heartbeat;
 pub mod launch;
+pub mod loaders;
 pub mod lr_find;
 pub mod measure;
 pub mod optim;
@@ -35,14 +40,19 @@ pub mod param_groups;
 pub mod plan;
 pub mod predict;
 pub mod progress;
+pub mod recorder;
 pub mod report;
 pub mod run_dir;
 pub mod scaler;
 pub mod schedule;
+pub mod settle;
 pub mod step;
 pub mod tensorboard;
+mod trainer;
 
 pub use config::TrainConfig;
-pub use engine::{Event, Observer, Outcome, Reading, Silent, evaluate, train};
+pub use engine::{Event, Observer, Outcome, Reading, Silent, train};
 pub use error::TrainError;
+pub use evaluate::{Evaluation, evaluate};
 pub use run_dir::{EpochSummary, RunDir};
+pub use settle::{Facts, Purpose, Settled, settle};

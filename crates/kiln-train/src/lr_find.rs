@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use crate::batch::to_device;
 use crate::config::TrainConfig;
-use crate::engine::loaders;
 use crate::error::TrainError;
+use crate::loaders::loaders;
 use crate::optim::AnyOptimizer;
 use crate::param_groups::ParamGroups;
 use crate::run_dir::{line_plot, write_atomically};

@@ -11,7 +11,9 @@ use burn::tensor::backend::Backend;
 use kiln_backend::MemoryMeter;
 use kiln_models::{ResNet, weights};
 use kiln_train::parallel::Placement;
-use kiln_train::{Observer, Outcome, RunDir, TrainConfig, TrainError, train};
+use kiln_train::{
+    Facts, Observer, Outcome, Purpose, RunDir, TrainConfig, TrainError, settle, train,
+};
 
 pub type B = Autodiff<Flex>;
 
@@ -45,8 +47,14 @@ pub fn train_on_cpu(
         devices: vec![Default::default(); replicas],
         cluster: None,
     };
+    let facts = Facts {
+        compiles_kernels: false,
+        available_bytes: None,
+        replicas: placement.peers(),
+    };
+    let settled = settle(config, &facts, Purpose::Train)?;
     train::<B>(
-        config,
+        &settled,
         run,
         resume,
         placement,

@@ -12,7 +12,7 @@ use kiln_data::Shard;
 use kiln_models::weights;
 use kiln_train::checkpoint::{self, Position};
 use kiln_train::config::Tta;
-use kiln_train::engine::loaders;
+use kiln_train::loaders::loaders;
 use kiln_train::param_groups::selects;
 use kiln_train::run_dir;
 use kiln_train::step::build_model;

@@ -127,9 +127,12 @@ impl ConfigOptions {
         &self,
         config: &TrainConfig,
     ) -> anyhow::Result<(BackendChoice, DeviceSelection)> {
-        let backend = self.backend.as_deref().unwrap_or(&config.device.backend);
+        let backend = match &self.backend {
+            Some(name) => name.parse()?,
+            None => config.device.backend,
+        };
         let devices = self.devices.as_deref().unwrap_or(&config.device.devices);
-        Ok((backend.parse()?, devices.parse()?))
+        Ok((backend, devices.parse()?))
     }
 }
 

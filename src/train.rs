@@ -302,7 +302,24 @@ pub fn run_warmup(args: WarmupArgs) -> anyhow::Result<()> {
     let config = TrainConfig::load(&args.config, &args.options.overrides)?;
     let (backend, devices) = args.options.device_request(&config)?;
     let start = std::time::Instant::now();
-    let cache = kiln::warmup(&config, backend, &devices)?;
+    let mut bar: Option<indicatif::ProgressBar> = None;
+    // A stage counts as done once the next one begins.
+    let mut started = false;
+    let cache = kiln::warmup(&config, backend, &devices, &mut |progress| match progress {
+        kiln::WarmUpProgress::Stages(stages) => bar = Some(warmup_bar(stages)),
+        kiln::WarmUpProgress::Stage(stage) => {
+            if let Some(bar) = &bar {
+                if std::mem::replace(&mut started, true) {
+                    bar.inc(1);
+                }
+                bar.set_message(stage.to_string());
+            }
+        }
+    });
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let cache = cache?;
     let seconds = start.elapsed().as_secs_f64();
     match cache {
         kiln::KernelCache::Kiln(folder) => println!(
@@ -318,4 +335,17 @@ pub fn run_warmup(args: WarmupArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The bar of `kiln warmup`'s stages, ticking each second through a long compile.
+fn warmup_bar(stages: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(stages as u64).with_style(
+        indicatif::ProgressStyle::with_template(
+            "warming up [{bar:30}] {pos}/{len} {msg} ({elapsed})",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_secs(1));
+    bar
 }

@@ -1,18 +1,11 @@
-//! `kiln export`: a run's model (or a weight file) as ONNX for inference elsewhere, or as
-//! torchvision-compatible safetensors.
+//! `kiln export`: the flags, `kiln::export_model::export`, and the line saying what was written.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{Context, bail};
-use burn::tensor::backend::AutodiffBackend;
 use clap::{Args, ValueEnum};
-use kiln_backend::{Backend, BackendChoice, BackendTask, DeviceSelection, probe, resolve, run_on};
-use kiln_data::transforms::{IMAGENET_MEAN, IMAGENET_STD};
-use kiln_data::{Pipeline, Transform};
-use kiln_models::onnx::{DEFAULT_OPSET, OPSETS, OnnxOptions, save_onnx};
-use kiln_models::weights::{self, save_safetensors};
-use kiln_models::{ResNetConfig, Stem};
-use kiln_train::{RunDir, TrainConfig};
+use kiln::export_model::{self, ExportOptions};
+use kiln_models::Stem;
+use kiln_models::onnx::DEFAULT_OPSET;
 
 #[derive(Args)]
 pub struct ExportArgs {
@@ -50,7 +43,7 @@ pub struct ExportArgs {
     #[arg(long, default_value_t = 64)]
     width: usize,
     /// Without --run: `imagenet` or `cifar`.
-    #[arg(long, default_value = "imagenet", value_parser = crate::parse_stem)]
+    #[arg(long, default_value = "imagenet", value_parser = kiln::parse_stem)]
     stem: Stem,
     /// A file with one class name per line, recorded in the ONNX metadata (a run's own names
     /// by default; ImageNet's for 1000 classes without --run).
@@ -64,233 +57,31 @@ enum Format {
     Safetensors,
 }
 
-/// What to export and how: the model to build, its weights, and the ONNX file's metadata.
-struct Export {
-    model: ResNetConfig,
-    weights: PathBuf,
-    out: PathBuf,
-    format: Format,
-    options: OnnxOptions,
+impl From<Format> for export_model::Format {
+    fn from(format: Format) -> Self {
+        match format {
+            Format::Onnx => export_model::Format::Onnx,
+            Format::Safetensors => export_model::Format::Safetensors,
+        }
+    }
 }
 
 pub fn run(args: ExportArgs) -> anyhow::Result<()> {
-    if args.format == Format::Onnx && !OPSETS.contains(&args.opset) {
-        bail!(
-            "--opset {} is not one kiln writes: choose {} to {} (default {DEFAULT_OPSET})",
-            args.opset,
-            OPSETS.start(),
-            OPSETS.end()
-        );
-    }
-    let export = match &args.run {
-        Some(dir) => from_run(&args, dir)?,
-        None => from_weights(&args)?,
-    };
-    // The export reads and writes weights: the CPU does that at once, with no kernels to
-    // compile or devices to wake.
-    let cpu = Backend::ALL
-        .into_iter()
-        .find(|b| b.is_cpu() && b.is_compiled())
-        .map_or(BackendChoice::Auto, BackendChoice::Explicit);
-    let resolved = resolve(cpu, &DeviceSelection::default(), &probe())?;
-    let out = export.out.clone();
-    run_on(&resolved, export)??;
-    println!("wrote {}", out.display());
-    Ok(())
-}
-
-/// A run's model: its config says the architecture, its data the classes and preprocessing.
-fn from_run(args: &ExportArgs, dir: &Path) -> anyhow::Result<Export> {
-    let run = RunDir::open(dir);
-    if !run.config_path().is_file() {
-        bail!(
-            "{} is not a kiln run directory (it has no config.toml): give the directory `kiln train` printed",
-            dir.display()
-        );
-    }
-    let config = TrainConfig::load(&run.config_path(), &[])?;
-    let weights = args.weights.clone().unwrap_or_else(|| run.model_path());
-    if !weights.is_file() {
-        bail!(
-            "{} has no model yet (it is written at the end of training): give --weights <file>, for example {}",
-            weights.display(),
-            run.path.join("best/model.safetensors").display()
-        );
-    }
-    let classes = match &args.classes {
-        Some(file) => read_classes(file)?,
-        None => run.classes().with_context(|| {
-            format!(
-                "{} has no classes.txt (older runs did not write one): give --classes <file>, one name per line",
-                dir.display()
-            )
-        })?,
-    };
-    let model = config.model.resnet(classes.len())?;
-    let transforms = &config.data.val_transforms;
-    let size = Pipeline::new(transforms)?
-        .output_size(config.data.source.image_size())
-        .map(|(w, h)| [h as usize, w as usize]);
-    let image_size = match args.image_size {
-        Some(0) => None,
-        Some(side) => Some([side, side]),
-        None => size,
-    };
-    let format_out = |name: &str| run.path.join(name);
-    Ok(Export {
-        out: args.out.clone().unwrap_or_else(|| match args.format {
-            Format::Onnx => format_out("model.onnx"),
-            Format::Safetensors => format_out("exported.safetensors"),
-        }),
-        options: onnx_options(args, &model, image_size, transforms, &classes, &weights),
-        model,
-        weights,
-        format: args.format,
-    })
-}
-
-/// A weight file with the architecture from the command line, preprocessed as torchvision's
-/// ImageNet models are (as `kiln predict` does).
-fn from_weights(args: &ExportArgs) -> anyhow::Result<Export> {
-    let weights = args
-        .weights
-        .clone()
-        .expect("clap requires --run or --weights");
-    let model = ResNetConfig::from_name(&args.model)?
-        .with_num_classes(args.num_classes)
-        .with_width(args.width)
-        .with_stem(args.stem);
-    let classes = match &args.classes {
-        Some(file) => read_classes(file)?,
-        None if args.num_classes == 1000 => (kiln_models::pretrained::imagenet_classes())
-            .into_iter()
-            .map(String::from)
-            .collect(),
-        None => (0..args.num_classes)
-            .map(|i| format!("class {i}"))
-            .collect(),
-    };
-    if classes.len() != args.num_classes {
-        bail!(
-            "--classes lists {} names for --num-classes {}",
-            classes.len(),
-            args.num_classes
-        );
-    }
-    let image_size = match args.image_size.unwrap_or(224) {
-        0 => None,
-        side => Some([side, side]),
-    };
-    let transforms = [
-        Transform::Resize { size: 256 },
-        Transform::CenterCrop { size: 224 },
-        Transform::ToTensor,
-        Transform::Normalize {
-            mean: IMAGENET_MEAN,
-            std: IMAGENET_STD,
-        },
-    ];
-    Ok(Export {
-        out: args.out.clone().unwrap_or_else(|| match args.format {
-            Format::Onnx => PathBuf::from("model.onnx"),
-            Format::Safetensors => PathBuf::from("model.safetensors"),
-        }),
-        options: onnx_options(args, &model, image_size, &transforms, &classes, &weights),
-        model,
-        weights,
-        format: args.format,
-    })
-}
-
-/// The ONNX options, with the metadata a user of the file needs: the preprocessing the model
-/// expects (the evaluation transforms, as the config spells them, and the normalization on
-/// pixels scaled to 0-1), the class names in output order, and where the weights came from.
-fn onnx_options(
-    args: &ExportArgs,
-    model: &ResNetConfig,
-    image_size: Option<[usize; 2]>,
-    transforms: &[Transform],
-    classes: &[String],
-    weights: &Path,
-) -> OnnxOptions {
-    let (mean, std) = transforms
-        .iter()
-        .find_map(|t| match t {
-            Transform::Normalize { mean, std } => Some((*mean, *std)),
-            _ => None,
-        })
-        .unwrap_or(([0.0; 3], [1.0; 3]));
-    let json = |value: serde_json::Value| value.to_string();
-    // As the config spells them (0.485, not 0.48500001430511475).
-    let decimal = |values: [f32; 3]| values.map(|v| v.to_string().parse::<f64>().unwrap_or(0.0));
-    let (mean, std) = (decimal(mean), decimal(std));
-    let metadata = vec![
-        (
-            "model".into(),
-            format!(
-                "{} ({} stem, width {}, {} classes)",
-                model.name(),
-                match model.stem {
-                    Stem::Imagenet => "imagenet",
-                    Stem::Cifar => "cifar",
-                },
-                model.width,
-                model.num_classes
-            ),
-        ),
-        ("classes".into(), json(serde_json::json!(classes))),
-        (
-            "normalize".into(),
-            json(
-                serde_json::json!({ "mean": mean, "std": std, "input": "RGB, NCHW, pixels / 255" }),
-            ),
-        ),
-        (
-            "preprocessing".into(),
-            serde_json::to_string(transforms).unwrap_or_default(),
-        ),
-        (
-            "batch_norm".into(),
-            if args.no_fold { "kept" } else { "folded" }.into(),
-        ),
-        ("weights".into(), weights.display().to_string()),
-    ];
-    OnnxOptions {
+    let options = ExportOptions {
+        run: args.run,
+        weights: args.weights,
+        format: args.format.into(),
+        out: args.out,
         opset: args.opset,
-        fold_batch_norm: !args.no_fold,
-        image_size,
-        metadata,
-    }
-}
-
-fn read_classes(file: &Path) -> anyhow::Result<Vec<String>> {
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("cannot read class names from {}", file.display()))?;
-    Ok(text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(String::from)
-        .collect())
-}
-
-impl BackendTask for Export {
-    type Output = anyhow::Result<()>;
-
-    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output {
-        let model = self.model.init::<B::InnerBackend>(&devices[0])?;
-        let (model, report) = weights::load(model, &self.weights)?;
-        if !report.left_out.is_empty() {
-            bail!(
-                "{} holds a classifier for another number of classes than {}: pass --num-classes with the count the model was trained on",
-                self.weights.display(),
-                self.model.num_classes
-            );
-        }
-        match self.format {
-            Format::Onnx => save_onnx(&model, &self.out, &self.options)?,
-            Format::Safetensors => save_safetensors(&model, &self.out)?,
-        }
-        Ok(())
-    }
+        no_fold: args.no_fold,
+        image_size: args.image_size,
+        model: args.model,
+        num_classes: args.num_classes,
+        width: args.width,
+        stem: args.stem,
+        classes: args.classes,
+    };
+    let exported = export_model::export(&options)?;
+    println!("wrote {}", exported.path.display());
+    Ok(())
 }

@@ -8,9 +8,14 @@
 //! generic code in each crate that calls it, and when `compare`, `bench`, `export` and `predict`
 //! were the binary's own modules, the binary compiled the network, autodiff and optimizers for
 //! every backend a second time (ten minutes of a clean build on two cores).
+//!
+//! The library works and the binary talks: functions here take plain option structs and return
+//! data (reports, rows, what was written), with progress through callbacks; the binary owns the
+//! flags (clap), the printing and the exit status.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod check;
-pub mod export;
+pub mod export_model;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -314,12 +319,20 @@ impl BackendTask for RangeTest<'_> {
     }
 }
 
+/// How far [`warmup`] has got: first how many stages it has, then each stage as it starts.
+pub enum WarmUpProgress<'a> {
+    Stages(usize),
+    Stage(&'a str),
+}
+
 /// Compiles and tunes the kernels `config`'s run will use on the requested device, so that the
-/// run itself starts at full speed (`kiln warmup`); says where they are kept.
+/// run itself starts at full speed (`kiln warmup`); says where they are kept. `progress` is a
+/// trait object for the reason [`RangeTest`]'s is.
 pub fn warmup(
     config: &TrainConfig,
     backend: BackendChoice,
     devices: &DeviceSelection,
+    progress: &mut dyn FnMut(WarmUpProgress<'_>),
 ) -> anyhow::Result<KernelCache> {
     let resolved = resolve(backend, devices, &probe())?;
     let cache = configure_kernel_cache(&resolved);
@@ -342,44 +355,33 @@ pub fn warmup(
             config,
             plan,
             sizes,
+            progress,
         },
     )??;
     Ok(cache)
 }
 
-struct WarmUp {
+struct WarmUp<'a> {
     config: TrainConfig,
     plan: Plan,
     sizes: WarmUpSizes,
+    progress: &'a mut dyn FnMut(WarmUpProgress<'_>),
 }
 
-impl BackendTask for WarmUp {
+impl BackendTask for WarmUp<'_> {
     type Output = Result<(), TrainError>;
 
     fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output {
-        let bar = indicatif::ProgressBar::new(self.sizes.stages() as u64).with_style(
-            indicatif::ProgressStyle::with_template(
-                "warming up [{bar:30}] {pos}/{len} {msg} ({elapsed})",
-            )
-            .expect("a valid template")
-            .progress_chars("=> "),
-        );
-        bar.enable_steady_tick(std::time::Duration::from_secs(1));
-        let mut started = false;
-        let result = measure::warm_up::<B>(
-            &self.config,
-            &self.plan,
-            &self.sizes,
-            &devices[0],
-            |stage| {
-                if std::mem::replace(&mut started, true) {
-                    bar.inc(1);
-                }
-                bar.set_message(stage.to_string());
-            },
-        );
-        bar.finish_and_clear();
-        result
+        let WarmUp {
+            config,
+            plan,
+            sizes,
+            progress,
+        } = self;
+        progress(WarmUpProgress::Stages(sizes.stages()));
+        measure::warm_up::<B>(&config, &plan, &sizes, &devices[0], |stage| {
+            progress(WarmUpProgress::Stage(stage))
+        })
     }
 }
 

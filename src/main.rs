@@ -1,7 +1,10 @@
 //! The `kiln` command line: parse, pick the backend, call one library function.
 
+mod bench;
+mod compare;
 mod cpu;
 mod devices;
+mod export;
 mod plan;
 mod predict;
 mod shard;
@@ -12,7 +15,7 @@ mod train;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use kiln::{check, export, panic_message};
+use kiln::panic_message;
 use kiln_backend::{BackendChoice, DeviceSelection};
 
 #[derive(Parser)]
@@ -103,13 +106,13 @@ enum Command {
     #[command(
         after_help = "Examples:\n  kiln compare --backends flex,ndarray,wgpu\n  kiln compare --backends cuda,flex --reference flex --model resnet50 --width 64 --image-size 64"
     )]
-    Compare(check::CompareArgs),
+    Compare(compare::CompareArgs),
 
     /// Measure training and inference throughput, step time and peak memory.
     #[command(
         after_help = "Examples:\n  kiln bench\n  kiln bench --backends cuda --models resnet50 --batches 64,256 --reference torch.json\n\nFor PyTorch's figures beside kiln's, run `cargo xtask bench`."
     )]
-    Bench(check::BenchArgs),
+    Bench(bench::BenchArgs),
 }
 
 /// Where to run: shared by every command that touches a device.
@@ -150,8 +153,8 @@ fn main() -> ExitCode {
         Command::Shard(args) => shard::run(args),
         Command::LrFind(args) => train::run_lr_find(args),
         Command::Summary(args) => summary::run(args),
-        Command::Compare(args) => check::run_compare(args),
-        Command::Bench(args) => check::run_bench(args),
+        Command::Compare(args) => compare::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

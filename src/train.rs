@@ -8,7 +8,8 @@ use anyhow::{Context, bail};
 use clap::Args;
 use kiln::{BackendChoice, DeviceSelection};
 use kiln_train::launch::Launch;
-use kiln_train::{Outcome, RunDir, TrainConfig};
+use kiln_train::run_dir::{self, EvalSource, OpenRun, Start};
+use kiln_train::{Outcome, TrainConfig};
 
 #[derive(Args)]
 pub struct TrainArgs {
@@ -127,9 +128,12 @@ impl ConfigOptions {
         &self,
         config: &TrainConfig,
     ) -> anyhow::Result<(BackendChoice, DeviceSelection)> {
-        let backend = self.backend.as_deref().unwrap_or(&config.device.backend);
+        let backend = match &self.backend {
+            Some(name) => name.parse()?,
+            None => config.device.backend,
+        };
         let devices = self.devices.as_deref().unwrap_or(&config.device.devices);
-        Ok((backend.parse()?, devices.parse()?))
+        Ok((backend, devices.parse()?))
     }
 }
 
@@ -155,28 +159,16 @@ pub fn run_train(mut args: TrainArgs) -> anyhow::Result<()> {
         }
     }
     let cluster = args.cluster.cluster(launch.as_ref())?;
-    let (config, run, resume) = match (&args.config, &args.resume) {
-        (_, Some(dir)) => {
-            let run = RunDir::open(dir);
-            if !run.config_path().is_file() {
-                bail!(
-                    "{} is not a kiln run directory (it has no config.toml)",
-                    dir.display()
-                );
-            }
-            let config = TrainConfig::load(&run.config_path(), &args.options.overrides)?;
-            config.check_resume_change(&TrainConfig::load(&run.config_path(), &[])?)?;
-            (config, run, true)
-        }
-        (Some(path), None) => {
-            let config = TrainConfig::load(path, &args.options.overrides)?;
-            let runs = &config.logging.runs_dir;
-            let run = RunDir::create(runs, &config)
-                .with_context(|| format!("creating a run directory in {}", runs.display()))?;
-            (config, run, false)
-        }
+    let start = match (&args.config, &args.resume) {
+        (_, Some(dir)) => Start::Resume { run: dir },
+        (Some(path), None) => Start::New { config: path },
         (None, None) => bail!("give --config <file> or --resume <run directory>"),
     };
+    let OpenRun {
+        config,
+        run,
+        resume,
+    } = run_dir::open_run(start, &args.options.overrides)?;
     let (backend, devices) = args.options.device_request(&config)?;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
@@ -189,9 +181,8 @@ pub fn run_train(mut args: TrainArgs) -> anyhow::Result<()> {
     })
     .context("installing the Ctrl-C handler")?;
     let result = kiln::train(&config, &run, resume, backend, &devices, cluster, stop);
-    if result.is_err() && !resume && run.is_empty() {
-        // Nothing was recorded (a bad data path, a missing driver): leave no empty run behind.
-        let _ = std::fs::remove_dir_all(&run.path);
+    if result.is_err() && !resume {
+        run.remove_if_empty();
     }
     let outcome = result?;
     if let Outcome::Finished { last, .. } = outcome
@@ -206,18 +197,15 @@ pub fn run_eval(mut args: EvalArgs) -> anyhow::Result<()> {
     if let Some(tta) = &args.tta {
         args.options.overrides.push(format!("eval.tta = {tta:?}"));
     }
-    let (config, weights) = match (&args.run, &args.config, &args.weights) {
-        (Some(dir), _, weights) => {
-            let run = RunDir::open(dir);
-            let config = TrainConfig::load(&run.config_path(), &args.options.overrides)?;
-            (config, weights.clone().unwrap_or_else(|| run.model_path()))
-        }
-        (None, Some(path), Some(weights)) => (
-            TrainConfig::load(path, &args.options.overrides)?,
-            weights.clone(),
-        ),
+    let source = match (&args.run, &args.config, &args.weights) {
+        (Some(run), _, weights) => EvalSource::Run {
+            run,
+            weights: weights.as_deref(),
+        },
+        (None, Some(config), Some(weights)) => EvalSource::Config { config, weights },
         _ => bail!("give --run <run directory>, or --config <file> --weights <file>"),
     };
+    let (config, weights) = run_dir::eval_inputs(source, &args.options.overrides)?;
     let (backend, devices) = args.options.device_request(&config)?;
     let result = kiln::evaluate(&config, weights, backend, &devices)?;
     let skipped = match result.skipped {
@@ -314,7 +302,24 @@ pub fn run_warmup(args: WarmupArgs) -> anyhow::Result<()> {
     let config = TrainConfig::load(&args.config, &args.options.overrides)?;
     let (backend, devices) = args.options.device_request(&config)?;
     let start = std::time::Instant::now();
-    let cache = kiln::warmup(&config, backend, &devices)?;
+    let mut bar: Option<indicatif::ProgressBar> = None;
+    // A stage counts as done once the next one begins.
+    let mut started = false;
+    let cache = kiln::warmup(&config, backend, &devices, &mut |progress| match progress {
+        kiln::WarmUpProgress::Stages(stages) => bar = Some(warmup_bar(stages)),
+        kiln::WarmUpProgress::Stage(stage) => {
+            if let Some(bar) = &bar {
+                if std::mem::replace(&mut started, true) {
+                    bar.inc(1);
+                }
+                bar.set_message(stage.to_string());
+            }
+        }
+    });
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let cache = cache?;
     let seconds = start.elapsed().as_secs_f64();
     match cache {
         kiln::KernelCache::Kiln(folder) => println!(
@@ -330,4 +335,17 @@ pub fn run_warmup(args: WarmupArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The bar of `kiln warmup`'s stages, ticking each second through a long compile.
+fn warmup_bar(stages: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(stages as u64).with_style(
+        indicatif::ProgressStyle::with_template(
+            "warming up [{bar:30}] {pos}/{len} {msg} ({elapsed})",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_secs(1));
+    bar
 }

@@ -6,30 +6,19 @@ mod common;
 
 use std::path::Path;
 
-use common::{errors, kiln};
+use common::{errors, train_on_flex};
 
 /// Trains the quickstart for two epochs of 32 at 2e-3 in `precision` on flex; returns the last
 /// validation top-1.
 fn quickstart_top1(precision: &str, runs: &Path) -> f64 {
-    let runs_dir = format!("logging.runs_dir={}", runs.display());
     let precision = format!("precision={precision}");
-    let output = kiln(&[
-        "train",
-        "--config",
-        "configs/quickstart.toml",
-        "--backend",
-        "flex",
-        "--set",
-        &precision,
-        "--set",
+    let sets = [
+        precision.as_str(),
         "epochs=2",
-        "--set",
         "batch_size=32",
-        "--set",
         "optimizer.lr=2e-3",
-        "--set",
-        &runs_dir,
-    ]);
+    ];
+    let output = train_on_flex("configs/quickstart.toml", &sets, runs);
     assert!(output.status.success(), "{:?}", errors(&output));
     let text = String::from_utf8_lossy(&output.stdout);
     let top1 = text
@@ -55,18 +44,9 @@ fn the_quickstart_learns_in_bf16_and_f16() {
 #[cfg(feature = "ndarray")]
 fn a_backend_without_the_type_refuses_it_in_one_line() {
     let runs = tempfile::tempdir().unwrap();
-    let runs_dir = format!("logging.runs_dir={}", runs.path().display());
-    let output = kiln(&[
-        "train",
-        "--config",
-        "configs/quickstart.toml",
-        "--backend",
-        "ndarray",
-        "--set",
-        "precision=bf16",
-        "--set",
-        &runs_dir,
-    ]);
+    let sets = ["precision=bf16"];
+    let args = common::train_args("configs/quickstart.toml", "ndarray", &sets, runs.path());
+    let output = common::kiln(&common::strs(&args));
     assert!(!output.status.success());
     let lines = errors(&output);
     assert_eq!(lines.len(), 1, "{lines:?}");

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
 use burn::tensor::{Distribution, Tensor};
-use common::{errors, kiln};
+use common::{errors, kiln, strs, train_args, train_on_flex};
 
 /// The single run directory under `runs`.
 fn run_dir(runs: &Path) -> PathBuf {
@@ -49,16 +49,7 @@ fn onnx_metadata(path: &Path) -> std::collections::HashMap<String, String> {
 #[test]
 fn the_quickstart_reaches_95_percent_on_the_shipped_digits() {
     let runs = tempfile::tempdir().unwrap();
-    let runs_dir = format!("logging.runs_dir={}", runs.path().display());
-    let output = kiln(&[
-        "train",
-        "--config",
-        "configs/quickstart.toml",
-        "--backend",
-        "flex",
-        "--set",
-        &runs_dir,
-    ]);
+    let output = train_on_flex("configs/quickstart.toml", &[], runs.path());
     assert!(output.status.success(), "{:?}", errors(&output));
     let run = run_dir(runs.path());
     let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
@@ -147,21 +138,10 @@ fn the_quickstart_reaches_95_percent_on_the_shipped_digits() {
 fn quickstart_from_pytorchs_weights(settings: &[&str]) -> Vec<serde_json::Value> {
     let recipe = ["epochs=6", "batch_size=32", "optimizer.lr=2e-3"];
     let runs = tempfile::tempdir().unwrap();
-    let mut args = vec![
-        "train".to_string(),
-        "--config".into(),
-        "configs/quickstart.toml".into(),
-        "--backend".into(),
-        "flex".into(),
-        "--set".into(),
-        "model.pretrained=tests/fixtures/quickstart/initial.pth".into(),
-        "--set".into(),
-        format!("logging.runs_dir={}", runs.path().display()),
-    ];
-    for setting in recipe.iter().chain(settings) {
-        args.extend(["--set".to_string(), setting.to_string()]);
-    }
-    let output = kiln(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut sets = vec!["model.pretrained=tests/fixtures/quickstart/initial.pth"];
+    sets.extend(recipe);
+    sets.extend(settings);
+    let output = train_on_flex("configs/quickstart.toml", &sets, runs.path());
     assert!(output.status.success(), "{:?}", errors(&output));
     let metrics = std::fs::read_to_string(run_dir(runs.path()).join("metrics.jsonl")).unwrap();
     (metrics.lines())
@@ -228,24 +208,13 @@ fn the_quickstart_follows_pytorchs_curve_from_the_same_weights_and_batches() {
 #[test]
 fn a_checkpoint_written_on_one_backend_resumes_on_another() {
     let runs = tempfile::tempdir().unwrap();
-    let runs_dir = format!("logging.runs_dir={}", runs.path().display());
-    let output = kiln(&[
-        "train",
-        "--config",
-        "configs/quickstart.toml",
-        "--backend",
-        "flex",
-        "--set",
+    let sets = [
         "data.source={ kind = \"synthetic\", train_size = 22, val_size = 8, image_size = 8, num_classes = 3 }",
-        "--set",
         "epochs=1",
-        "--set",
         "batch_size=4",
-        "--set",
         "model.width=4",
-        "--set",
-        &runs_dir,
-    ]);
+    ];
+    let output = train_on_flex("configs/quickstart.toml", &sets, runs.path());
     assert!(output.status.success(), "{:?}", errors(&output));
     let run = run_dir(runs.path());
     let resumed = kiln(&[
@@ -278,30 +247,17 @@ fn every_shipped_config_runs_one_iteration_on_synthetic_data() {
     assert!(configs.len() >= 4, "{configs:?}");
     for config in configs {
         let runs = tempfile::tempdir().unwrap();
-        let runs_dir = format!("logging.runs_dir={}", runs.path().display());
-        let output = kiln(&[
-            "train",
-            "--config",
-            &config.to_string_lossy(),
-            "--backend",
-            "flex",
-            "--devices",
-            "0",
-            "--set",
+        let sets = [
             "data.source={ kind = \"synthetic\", train_size = 2, val_size = 2, image_size = 32, num_classes = 3 }",
-            "--set",
             "epochs=1",
-            "--set",
             "batch_size=2",
-            "--set",
             "model.width=4",
-            "--set",
             "model.pretrained=",
-            "--set",
             "data.workers=1",
-            "--set",
-            &runs_dir,
-        ]);
+        ];
+        let mut args = train_args(&config.to_string_lossy(), "flex", &sets, runs.path());
+        args.extend(["--devices".into(), "0".into()]);
+        let output = kiln(&strs(&args));
         assert!(
             output.status.success(),
             "{}: {:?}",
@@ -330,32 +286,17 @@ fn every_shipped_config_runs_one_iteration_on_synthetic_data() {
 #[test]
 fn the_cifar_recipe_shows_each_part_in_its_metrics() {
     let runs = tempfile::tempdir().unwrap();
-    let runs_dir = format!("logging.runs_dir={}", runs.path().display());
-    let output = kiln(&[
-        "train",
-        "--config",
-        "configs/cifar10-resnet18-recipe.toml",
-        "--backend",
-        "flex",
-        "--set",
+    let sets = [
         "data.source={ kind = \"synthetic\", train_size = 16, val_size = 8, image_size = 32, num_classes = 3 }",
-        "--set",
         "epochs=2",
-        "--set",
         "batch_size=8",
-        "--set",
         "model.width=4",
-        "--set",
         "data.workers=1",
-        "--set",
         "ema.warmup_epochs=1",
-        "--set",
         "schedule.warmup_epochs=1",
-        "--set",
         "optimizer.clip_grad_norm=5.0",
-        "--set",
-        &runs_dir,
-    ]);
+    ];
+    let output = train_on_flex("configs/cifar10-resnet18-recipe.toml", &sets, runs.path());
     assert!(output.status.success(), "{:?}", errors(&output));
     let run = run_dir(runs.path());
     let history = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
@@ -426,7 +367,6 @@ fn lr_find_on_the_quickstart_suggests_a_sensible_rate() {
 #[test]
 fn config_mistakes_end_with_one_line_naming_the_key() {
     let runs = tempfile::tempdir().unwrap();
-    let runs_dir = format!("logging.runs_dir={}", runs.path().display());
     for (set, expected) in [
         ("optimizer.lrr=0.1", "lrr"),
         ("batch_size=0", "batch_size"),
@@ -436,17 +376,7 @@ fn config_mistakes_end_with_one_line_naming_the_key() {
             "/nonexistent/train",
         ),
     ] {
-        let output = kiln(&[
-            "train",
-            "--config",
-            "configs/quickstart.toml",
-            "--backend",
-            "flex",
-            "--set",
-            set,
-            "--set",
-            &runs_dir,
-        ]);
+        let output = train_on_flex("configs/quickstart.toml", &[set], runs.path());
         assert_eq!(output.status.code(), Some(1), "{set}");
         let lines = errors(&output);
         assert_eq!(lines.len(), 1, "{set}: {lines:?}");
@@ -464,22 +394,12 @@ fn config_mistakes_end_with_one_line_naming_the_key() {
 #[test]
 fn too_many_loader_workers_are_lowered_with_a_warning() {
     let runs = tempfile::tempdir().unwrap();
-    let runs_dir = format!("logging.runs_dir={}", runs.path().display());
-    let output = kiln(&[
-        "train",
-        "--config",
-        "configs/quickstart.toml",
-        "--backend",
-        "flex",
-        "--set",
+    let sets = [
         "data.source={ kind = \"synthetic\", train_size = 8, val_size = 4, image_size = 8, num_classes = 2 }",
-        "--set",
         "epochs=1",
-        "--set",
         "data.workers=100000",
-        "--set",
-        &runs_dir,
-    ]);
+    ];
+    let output = train_on_flex("configs/quickstart.toml", &sets, runs.path());
     let lines = errors(&output);
     assert!(output.status.success(), "{lines:?}");
     assert!(
@@ -526,41 +446,21 @@ fn last_iteration(console: &str) -> Option<usize> {
 #[test]
 fn a_run_killed_at_random_moments_and_resumed_ends_as_an_uninterrupted_one() {
     let runs = tempfile::tempdir().unwrap();
-    let args = |runs: &Path| -> Vec<String> {
-        [
-            "--backend",
-            "flex",
-            "--devices",
-            "0",
-            "--set",
-            "data.source={ kind = \"synthetic\", train_size = 96, val_size = 16, image_size = 16, num_classes = 3 }",
-            "--set",
-            "epochs=6",
-            "--set",
-            "batch_size=8",
-            "--set",
-            "model.width=8",
-            "--set",
-            "data.workers=1",
-            "--set",
-            "checkpoints.every_steps=2",
-            "--set",
-            "logging.print_every=1",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .chain([
-            "--set".into(),
-            format!("logging.runs_dir={}", runs.display()),
-        ])
-        .collect()
-    };
+    let sets = [
+        "data.source={ kind = \"synthetic\", train_size = 96, val_size = 16, image_size = 16, num_classes = 3 }",
+        "epochs=6",
+        "batch_size=8",
+        "model.width=8",
+        "data.workers=1",
+        "checkpoints.every_steps=2",
+        "logging.print_every=1",
+    ];
     let start = |runs: &Path| {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"));
         command
             .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args(["train", "--config", "configs/quickstart.toml"])
-            .args(args(runs));
+            .args(train_args("configs/quickstart.toml", "flex", &sets, runs))
+            .args(["--devices", "0"]);
         command
     };
     let whole = runs.path().join("whole");
@@ -678,18 +578,7 @@ fn the_quickstart_from_its_shards_trains_as_from_the_shipped_digits() {
     std::fs::write(&config, from_shards).unwrap();
     let train = |config: &str, runs: &str| {
         let runs = dir.path().join(runs);
-        let runs_dir = format!("logging.runs_dir='{}'", runs.display());
-        let output = kiln(&[
-            "train",
-            "--config",
-            config,
-            "--backend",
-            "flex",
-            "--set",
-            "epochs=2",
-            "--set",
-            &runs_dir,
-        ]);
+        let output = train_on_flex(config, &["epochs=2"], &runs);
         assert!(output.status.success(), "{:?}", errors(&output));
         trajectory(&run_dir(&runs))
     };
@@ -701,23 +590,10 @@ fn the_quickstart_from_its_shards_trains_as_from_the_shipped_digits() {
 
     // Killed in the middle and resumed, a run from shards ends as the uninterrupted one.
     let killed = dir.path().join("runs-killed");
+    let sets = ["epochs=2", "checkpoints.every_steps=5"];
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args([
-            "train",
-            "--config",
-            config.to_str().unwrap(),
-            "--backend",
-            "flex",
-        ])
-        .args([
-            "--set",
-            "epochs=2",
-            "--set",
-            "checkpoints.every_steps=5",
-            "--set",
-        ])
-        .arg(format!("logging.runs_dir='{}'", killed.display()))
+        .args(train_args(config.to_str().unwrap(), "flex", &sets, &killed))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -1,5 +1,6 @@
 //! Running the `kiln` binary as a user does, for the end-to-end tests.
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 /// Runs `kiln` with `args` from the project root.
@@ -18,4 +19,31 @@ pub fn errors(output: &Output) -> Vec<String> {
         .lines()
         .map(String::from)
         .collect()
+}
+
+/// `kiln train --config <config> --backend <backend>`, each of `sets` as a `--set`, and the run
+/// directories under `runs` (`--set logging.runs_dir=...`, last): the command line of the
+/// training tests.
+#[allow(dead_code)] // Not every test crate trains.
+pub fn train_args(config: &str, backend: &str, sets: &[&str], runs: &Path) -> Vec<String> {
+    let runs_dir = format!("logging.runs_dir={}", runs.display());
+    let mut args: Vec<String> = ["train", "--config", config, "--backend", backend]
+        .map(String::from)
+        .into();
+    for set in sets.iter().copied().chain([runs_dir.as_str()]) {
+        args.extend(["--set".to_string(), set.to_string()]);
+    }
+    args
+}
+
+/// Runs [`train_args`] on flex.
+#[allow(dead_code)] // Not every test crate trains.
+pub fn train_on_flex(config: &str, sets: &[&str], runs: &Path) -> Output {
+    kiln(&strs(&train_args(config, "flex", sets, runs)))
+}
+
+/// `args` as the `&str`s that [`kiln`] takes.
+#[allow(dead_code)] // Not every test crate trains.
+pub fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
 }

@@ -259,6 +259,15 @@ impl Tolerances {
         ]))
     }
 
+    /// The tolerances a backend is held to: CUDA may multiply on tensor cores in TF32, every
+    /// other backend computes in float32 throughout.
+    pub fn for_backend(backend: kiln_backend::Backend) -> Self {
+        match backend {
+            kiln_backend::Backend::Cuda => Self::tensor_cores(),
+            _ => Self::float32(),
+        }
+    }
+
     pub fn get(&self, stage: Stage) -> f64 {
         self.0[&stage]
     }

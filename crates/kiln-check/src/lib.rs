@@ -7,10 +7,12 @@
 //! - [`parity`]: one training step of kiln's ResNets against PyTorch's float64 answer.
 //! - [`trajectory`]: whole training runs (50 steps of the trainer's step function) against
 //!   PyTorch's, loss by loss and tensor by tensor.
+//! - [`report`]: what a comparison found on every backend, and its verdict.
 
 pub mod bench;
 pub mod compare;
 pub mod parity;
+pub mod report;
 pub mod trajectory;
 
 use burn::tensor::backend::Backend;

@@ -257,6 +257,37 @@ fn check_expansion(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// `path`'s entries written again into a new zip `into`, every one compressed (deflate, level
+/// 1), plus `extra`: a recompressed weight file, or with a large `extra` of zeros a zip bomb.
+/// Test support, shared by this module's tests and the binary's hostile-input tests so that
+/// both build the archive [`check_expansion`] judges the same way; not kiln's API.
+#[doc(hidden)]
+pub fn recompressed(
+    path: &Path,
+    into: &Path,
+    extra: Option<(&str, &[u8])>,
+) -> zip::result::ZipResult<()> {
+    use std::io::{Read, Write};
+    let mut from = zip::ZipArchive::new(std::fs::File::open(path)?)?;
+    let mut to = zip::ZipWriter::new(std::fs::File::create(into)?);
+    let deflated = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .compression_level(Some(1));
+    for index in 0..from.len() {
+        let mut entry = from.by_index(index)?;
+        let mut bytes = Vec::new();
+        entry.read_to_end(&mut bytes)?;
+        to.start_file(entry.name(), deflated)?;
+        to.write_all(&bytes)?;
+    }
+    if let Some((name, bytes)) = extra {
+        to.start_file(name, deflated)?;
+        to.write_all(bytes)?;
+    }
+    to.finish()?;
+    Ok(())
+}
+
 /// Reads every tensor of a weight file, keyed by torchvision name, with any checkpoint or
 /// `DataParallel` prefix removed.
 fn read_state_dict(path: &Path) -> Result<BTreeMap<String, TensorData>, WeightsError> {
@@ -596,28 +627,6 @@ mod tests {
         }
     }
 
-    /// `path`'s entries written again into a new zip, every one compressed, plus `extra`.
-    fn recompressed(path: &Path, into: &Path, extra: Option<(&str, &[u8])>) {
-        use std::io::{Read, Write};
-        let mut from = zip::ZipArchive::new(std::fs::File::open(path).unwrap()).unwrap();
-        let mut to = zip::ZipWriter::new(std::fs::File::create(into).unwrap());
-        let deflated = zip::write::SimpleFileOptions::default()
-            .compression_method(zip::CompressionMethod::Deflated)
-            .compression_level(Some(1));
-        for index in 0..from.len() {
-            let mut entry = from.by_index(index).unwrap();
-            let mut bytes = Vec::new();
-            entry.read_to_end(&mut bytes).unwrap();
-            to.start_file(entry.name(), deflated).unwrap();
-            to.write_all(&bytes).unwrap();
-        }
-        if let Some((name, bytes)) = extra {
-            to.start_file(name, deflated).unwrap();
-            to.write_all(bytes).unwrap();
-        }
-        to.finish().unwrap();
-    }
-
     /// A `.pth` whose entry would expand a thousandfold (a zip bomb) is refused before
     /// anything reads it into memory; a recompressed weight file still loads.
     #[test]
@@ -625,7 +634,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fixture = fixture("resnet18_w4.pth");
         let plain = dir.path().join("recompressed.pth");
-        recompressed(&fixture, &plain, None);
+        recompressed(&fixture, &plain, None).unwrap();
         let (model, _) = load(tiny(18, 10, 4), &plain).unwrap();
         let (expected, _) = load(tiny(18, 10, 4), &fixture).unwrap();
         assert_same_state(&torch_state_dict(&model), &torch_state_dict(&expected));
@@ -633,7 +642,7 @@ mod tests {
         let bomb = dir.path().join("bomb.pth");
         let zeros = vec![0u8; 64 << 20];
         let name = "resnet18_w4/data/999";
-        recompressed(&fixture, &bomb, Some((name, &zeros)));
+        recompressed(&fixture, &bomb, Some((name, &zeros))).unwrap();
         let err = load(tiny(18, 10, 4), &bomb).unwrap_err().to_string();
         assert!(err.contains("zip bomb") && err.contains(name), "{err}");
         assert!(err.contains(&*bomb.to_string_lossy()), "{err}");

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 pub use bytesize::ByteSize;
+use kiln_backend::BackendChoice;
 use kiln_data::{ImageLimits, MixMode, Mixing, OnBadImage, Source, Transform};
 use kiln_models::{ModelError, Precision, ResNetConfig, Stem};
 use serde::{Deserialize, Serialize};
@@ -57,8 +58,8 @@ pub struct TrainConfig {
     pub accumulate: usize,
     /// `"f32"`, or mixed precision: `"bf16"` or `"f16"` convolutions with f32 master weights,
     /// batch norm and classifier (f16 with dynamic loss scaling); see `kiln_models::Precision`.
-    #[serde(default = "default_precision")]
-    pub precision: String,
+    #[serde(default)]
+    pub precision: Precision,
     /// The most device memory this job may take (`"6GiB"`, `"500MB"`), so that several jobs
     /// can share a device: checked against the plan before training and the measured peak after
     /// every step.
@@ -195,17 +196,13 @@ fn one() -> usize {
     1
 }
 
-fn default_precision() -> String {
-    "f32".into()
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
     /// `resnet18`, `resnet34`, `resnet50`, `resnet101` or `resnet152`.
     pub name: String,
     /// `"imagenet"` (7x7 stride-2 convolution and max pool) or `"cifar"` (3x3, no pool).
-    pub stem: String,
+    pub stem: Stem,
     pub width: usize,
     /// The data set's class count when absent.
     pub num_classes: Option<usize>,
@@ -228,7 +225,7 @@ impl Default for ModelSection {
     fn default() -> Self {
         Self {
             name: "resnet18".into(),
-            stem: "imagenet".into(),
+            stem: Stem::Imagenet,
             width: 64,
             num_classes: None,
             zero_init_residual: false,
@@ -246,11 +243,7 @@ impl ModelSection {
     pub fn resnet(&self, data_classes: usize) -> Result<ResNetConfig, ModelError> {
         let mut config = ResNetConfig::from_name(&self.name)?;
         config.num_classes = self.num_classes.unwrap_or(data_classes);
-        config.stem = if self.stem == "cifar" {
-            Stem::Cifar
-        } else {
-            Stem::Imagenet
-        };
+        config.stem = self.stem;
         config.width = self.width;
         config.zero_init_residual = self.zero_init_residual;
         config.freeze_batch_norm = self.freeze_batch_norm;
@@ -548,8 +541,10 @@ impl ClassWeights {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DeviceSection {
-    /// As `--backend`: auto, cuda, wgpu, vulkan, metal, flex, ndarray.
-    pub backend: String,
+    /// As `--backend`: auto, cuda, wgpu, vulkan, metal, flex, ndarray (any case), recorded in
+    /// lower case.
+    #[serde(with = "backend_choice")]
+    pub backend: BackendChoice,
     /// As `--devices`: an index, a list or `all`.
     pub devices: String,
     /// With several devices: batch norm statistics over all devices' images together
@@ -565,11 +560,28 @@ pub struct DeviceSection {
 impl Default for DeviceSection {
     fn default() -> Self {
         Self {
-            backend: "auto".into(),
+            backend: BackendChoice::Auto,
             devices: "0".into(),
             sync_bn: false,
             tf32: true,
         }
+    }
+}
+
+/// `device.backend` read as `--backend` reads it (`BackendChoice`'s `FromStr`, whose error
+/// lists the backends) and written as it prints, so that a run's recorded `config.toml` reads
+/// back the same on `--resume`.
+mod backend_choice {
+    use kiln_backend::BackendChoice;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(choice: &BackendChoice, to: S) -> Result<S::Ok, S::Error> {
+        to.collect_str(choice)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(from: D) -> Result<BackendChoice, D::Error> {
+        let text = String::deserialize(from)?;
+        text.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -696,9 +708,8 @@ pub enum Tta {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EarlyStoppingSection {
-    /// One of [`EarlyStoppingSection::METRICS`].
     #[serde(default = "default_stopping_metric")]
-    pub metric: String,
+    pub metric: StoppingMetric,
     /// Epochs without an improvement before the run stops.
     pub patience: usize,
     /// The least change that counts as an improvement.
@@ -706,38 +717,62 @@ pub struct EarlyStoppingSection {
     pub min_delta: f64,
     /// `"max"` or `"min"`; by default the metric's own direction (top-1 up, losses down).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mode: Option<String>,
+    pub mode: Option<StoppingMode>,
 }
 
-fn default_stopping_metric() -> String {
-    "val_top1".into()
+fn default_stopping_metric() -> StoppingMetric {
+    StoppingMetric::ValTop1
 }
 
-impl EarlyStoppingSection {
-    /// The metrics of `metrics.jsonl` it can watch, and whether higher is better.
-    pub const METRICS: [(&str, bool); 6] = [
-        ("val_top1", true),
-        ("val_top5", true),
-        ("val_loss", false),
-        ("ema_val_top1", true),
-        ("ema_val_top5", true),
-        ("ema_val_loss", false),
-    ];
+/// The metrics of `metrics.jsonl` that `[early_stopping]` can watch, named as there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoppingMetric {
+    ValTop1,
+    ValTop5,
+    ValLoss,
+    EmaValTop1,
+    EmaValTop5,
+    EmaValLoss,
+}
 
-    pub fn higher_is_better(&self) -> bool {
-        match self.mode.as_deref() {
-            Some(mode) => mode == "max",
-            None => Self::METRICS.contains(&(self.metric.as_str(), true)),
+impl StoppingMetric {
+    /// Its name in the config and in `metrics.jsonl`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StoppingMetric::ValTop1 => "val_top1",
+            StoppingMetric::ValTop5 => "val_top5",
+            StoppingMetric::ValLoss => "val_loss",
+            StoppingMetric::EmaValTop1 => "ema_val_top1",
+            StoppingMetric::EmaValTop5 => "ema_val_top5",
+            StoppingMetric::EmaValLoss => "ema_val_loss",
         }
     }
 
-    /// What is wrong with the section's values: the key and the problem.
-    pub fn problem(&self) -> Option<(&'static str, String)> {
-        if !Self::METRICS.iter().any(|(name, _)| *name == self.metric) {
-            let names = Self::METRICS.map(|(name, _)| name).join(", ");
-            let problem = format!("must be one of {names}, got \"{}\"", self.metric);
-            return Some(("early_stopping.metric", problem));
+    /// Accuracies improve upwards, losses downwards.
+    pub fn higher_is_better(self) -> bool {
+        !matches!(self, StoppingMetric::ValLoss | StoppingMetric::EmaValLoss)
+    }
+}
+
+/// `early_stopping.mode`: which way the metric improves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoppingMode {
+    Max,
+    Min,
+}
+
+impl EarlyStoppingSection {
+    pub fn higher_is_better(&self) -> bool {
+        match self.mode {
+            Some(mode) => mode == StoppingMode::Max,
+            None => self.metric.higher_is_better(),
         }
+    }
+
+    /// What is wrong with the section's values that serde cannot see: the key and the problem.
+    pub fn problem(&self) -> Option<(&'static str, String)> {
         if self.patience == 0 {
             let problem = "must be at least 1 (epochs)".to_string();
             return Some(("early_stopping.patience", problem));
@@ -746,13 +781,7 @@ impl EarlyStoppingSection {
             let problem = format!("must be 0 or more, got {}", self.min_delta);
             return Some(("early_stopping.min_delta", problem));
         }
-        match self.mode.as_deref() {
-            None | Some("max") | Some("min") => None,
-            Some(other) => Some((
-                "early_stopping.mode",
-                format!("must be \"max\" or \"min\", got \"{other}\""),
-            )),
-        }
+        None
     }
 }
 
@@ -792,7 +821,7 @@ impl TrainConfig {
             epochs,
             batch_size: BatchSize::Fixed(batch_size),
             accumulate: 1,
-            precision: default_precision(),
+            precision: Precision::F32,
             max_memory: None,
             model: ModelSection::default(),
             data: DataSection::new(source),
@@ -898,9 +927,9 @@ impl TrainConfig {
         Ok(config)
     }
 
-    /// The float type of the convolutions (`precision`, checked when the config was loaded).
+    /// The float type of the convolutions.
     pub fn precision(&self) -> Precision {
-        Precision::from_name(&self.precision).unwrap_or_default()
+        self.precision
     }
 
     /// The config as TOML, as the run directory records it.
@@ -908,85 +937,91 @@ impl TrainConfig {
         toml::to_string_pretty(self).expect("the config serializes")
     }
 
-    /// Checks the values, as loading does; for configs built in code.
+    /// Checks the values, as loading does; for configs built in code. Closed choices (the
+    /// precision, the stem, the backend, names) are enums that serde already refused when they
+    /// were wrong; these are the checks it cannot make, section by section.
     pub fn check(&self, path: &Path) -> Result<(), ConfigError> {
-        let invalid = |key: &'static str, problem: String| {
-            Err(ConfigError::Invalid {
+        let sections: [fn(&Self) -> Checked; 9] = [
+            Self::check_run,
+            Self::check_model,
+            Self::check_optimizer,
+            Self::check_schedule,
+            Self::check_loss,
+            Self::check_checkpoints,
+            Self::check_recipes,
+            Self::check_logging,
+            Self::check_data,
+        ];
+        for section in sections {
+            section(self).map_err(|(key, problem)| ConfigError::Invalid {
                 path: path.to_path_buf(),
                 key,
                 problem,
-            })
-        };
-        let o = &self.optimizer;
-        let s = &self.schedule;
+            })?;
+        }
+        Ok(())
+    }
+
+    fn check_run(&self) -> Checked {
         if self.epochs == 0 {
-            return invalid("epochs", "must be at least 1".into());
+            return invalid("epochs", "must be at least 1");
         }
         if self.batch_size == BatchSize::Fixed(0) {
-            return invalid("batch_size", "must be at least 1".into());
+            return invalid("batch_size", "must be at least 1");
         }
         if self.accumulate == 0 {
-            return invalid("accumulate", "must be at least 1".into());
+            return invalid("accumulate", "must be at least 1");
         }
-        if Precision::from_name(&self.precision).is_none() {
-            return invalid(
-                "precision",
+        Ok(())
+    }
+
+    fn check_model(&self) -> Checked {
+        let model = &self.model;
+        if model.width == 0 || model.num_classes == Some(0) {
+            return invalid("model", "width and num_classes must be at least 1");
+        }
+        match model.unfreeze_at_epoch {
+            Some(_) if model.freeze.is_empty() => invalid(
+                "model.unfreeze_at_epoch",
+                "needs model.freeze: it says when the frozen parameters train",
+            ),
+            Some(epoch) if epoch < 2 => invalid(
+                "model.unfreeze_at_epoch",
                 format!(
-                    "must be \"f32\", \"bf16\" or \"f16\", got \"{}\"",
-                    self.precision
+                    "must be 2 or more (epochs count from 1; 1 would freeze nothing), got {epoch}"
                 ),
-            );
+            ),
+            _ => Ok(()),
         }
-        if !["imagenet", "cifar"].contains(&self.model.stem.as_str()) {
-            return invalid(
-                "model.stem",
-                format!(
-                    "must be \"imagenet\" or \"cifar\", got \"{}\"",
-                    self.model.stem
-                ),
-            );
-        }
-        if self.model.width == 0 || self.model.num_classes == Some(0) {
-            return invalid("model", "width and num_classes must be at least 1".into());
-        }
+    }
+
+    fn check_optimizer(&self) -> Checked {
+        let o = &self.optimizer;
         if !(o.lr > 0.0 && o.lr.is_finite()) {
             return invalid("optimizer.lr", format!("must be positive, got {}", o.lr));
         }
         if !(0.0..1.0).contains(&o.momentum) {
-            return invalid(
-                "optimizer.momentum",
-                format!("must lie in [0, 1), got {}", o.momentum),
-            );
+            let problem = format!("must lie in [0, 1), got {}", o.momentum);
+            return invalid("optimizer.momentum", problem);
         }
         if !(0.0..=1.0).contains(&o.dampening) {
-            return invalid(
-                "optimizer.dampening",
-                format!("must lie in [0, 1], got {}", o.dampening),
-            );
+            let problem = format!("must lie in [0, 1], got {}", o.dampening);
+            return invalid("optimizer.dampening", problem);
         }
         if o.nesterov && (o.momentum == 0.0 || o.dampening != 0.0) {
-            return invalid(
-                "optimizer.nesterov",
-                "needs momentum > 0 and dampening 0, as in PyTorch".into(),
-            );
+            let problem = "needs momentum > 0 and dampening 0, as in PyTorch";
+            return invalid("optimizer.nesterov", problem);
         }
         if o.name != OptimizerName::Sgd && (o.momentum != 0.0 || o.nesterov) {
-            return invalid(
-                "optimizer.momentum",
-                "applies to sgd only; adam uses betas".into(),
-            );
+            return invalid("optimizer.momentum", "applies to sgd only; adam uses betas");
         }
         if o.weight_decay().is_nan() || o.weight_decay() < 0.0 {
-            return invalid(
-                "optimizer.weight_decay",
-                format!("must be 0 or more, got {}", o.weight_decay()),
-            );
+            let problem = format!("must be 0 or more, got {}", o.weight_decay());
+            return invalid("optimizer.weight_decay", problem);
         }
         if !o.betas.iter().all(|b| (0.0..1.0).contains(b)) {
-            return invalid(
-                "optimizer.betas",
-                format!("must lie in [0, 1), got {:?}", o.betas),
-            );
+            let problem = format!("must lie in [0, 1), got {:?}", o.betas);
+            return invalid("optimizer.betas", problem);
         }
         if o.eps.is_nan() || o.eps <= 0.0 {
             return invalid("optimizer.eps", format!("must be positive, got {}", o.eps));
@@ -999,102 +1034,80 @@ impl TrainConfig {
                 return invalid(key, format!("must be positive, got {v}"));
             }
         }
-        for group in &o.groups {
-            if group.params.is_empty() {
-                return invalid("optimizer.groups", "params must name at least one".into());
-            }
-            if !(group.lr_scale > 0.0 && group.lr_scale.is_finite()) {
-                let problem = format!("lr_scale must be positive, got {}", group.lr_scale);
-                return invalid("optimizer.groups", problem);
-            }
-            if let Some(decay) = group.weight_decay.filter(|d| !(*d >= 0.0 && d.is_finite())) {
-                let problem = format!("weight_decay must be 0 or more, got {decay}");
-                return invalid("optimizer.groups", problem);
-            }
-        }
-        match self.model.unfreeze_at_epoch {
-            Some(_) if self.model.freeze.is_empty() => {
-                let problem = "needs model.freeze: it says when the frozen parameters train";
-                return invalid("model.unfreeze_at_epoch", problem.into());
-            }
-            Some(epoch) if epoch < 2 => {
-                let problem = format!(
-                    "must be 2 or more (epochs count from 1; 1 would freeze nothing), got {epoch}"
-                );
-                return invalid("model.unfreeze_at_epoch", problem);
-            }
-            _ => {}
-        }
         if o.clip_grad_norm.is_some() && o.clip_grad_value.is_some() {
             return invalid(
                 "optimizer.clip_grad_norm",
-                "and optimizer.clip_grad_value: give one of them (as timm's --clip-mode)".into(),
+                "and optimizer.clip_grad_value: give one of them (as timm's --clip-mode)",
             );
         }
+        o.groups.iter().try_for_each(GroupSection::check)
+    }
+
+    fn check_schedule(&self) -> Checked {
+        let s = &self.schedule;
         let factor_ok = s.warmup_start_factor > 0.0 && s.warmup_start_factor <= 1.0;
         if s.warmup_epochs.is_nan() || s.warmup_epochs < 0.0 || !factor_ok {
             return invalid(
                 "schedule.warmup_epochs",
-                "warmup_epochs must be 0 or more and warmup_start_factor in (0, 1]".into(),
+                "warmup_epochs must be 0 or more and warmup_start_factor in (0, 1]",
             );
         }
         match s.name {
-            ScheduleName::Step if s.step_size.unwrap_or(0) == 0 => {
-                return invalid(
-                    "schedule.step_size",
-                    "the step schedule needs step_size >= 1 (epochs)".into(),
-                );
-            }
-            ScheduleName::Multistep if s.milestones.is_empty() => {
-                return invalid(
-                    "schedule.milestones",
-                    "the multistep schedule needs milestones (epochs)".into(),
-                );
-            }
-            ScheduleName::OneCycle if !(s.pct_start > 0.0 && s.pct_start < 1.0) => {
-                return invalid(
-                    "schedule.pct_start",
-                    format!("must lie in (0, 1), got {}", s.pct_start),
-                );
-            }
-            _ => {}
+            ScheduleName::Step if s.step_size.unwrap_or(0) == 0 => invalid(
+                "schedule.step_size",
+                "the step schedule needs step_size >= 1 (epochs)",
+            ),
+            ScheduleName::Multistep if s.milestones.is_empty() => invalid(
+                "schedule.milestones",
+                "the multistep schedule needs milestones (epochs)",
+            ),
+            ScheduleName::OneCycle if !(s.pct_start > 0.0 && s.pct_start < 1.0) => invalid(
+                "schedule.pct_start",
+                format!("must lie in (0, 1), got {}", s.pct_start),
+            ),
+            _ => Ok(()),
         }
+    }
+
+    fn check_loss(&self) -> Checked {
         if !(0.0..1.0).contains(&self.loss.label_smoothing) {
-            return invalid(
-                "loss.label_smoothing",
-                format!("must lie in [0, 1), got {}", self.loss.label_smoothing),
-            );
+            let problem = format!("must lie in [0, 1), got {}", self.loss.label_smoothing);
+            return invalid("loss.label_smoothing", problem);
         }
         match &self.loss.class_weights {
-            Some(ClassWeights::Named(name)) if name != "balanced" => {
-                let problem = format!("must be \"balanced\" or a list of weights, got \"{name}\"");
-                return invalid("loss.class_weights", problem);
-            }
+            Some(ClassWeights::Named(name)) if name != "balanced" => invalid(
+                "loss.class_weights",
+                format!("must be \"balanced\" or a list of weights, got \"{name}\""),
+            ),
             Some(ClassWeights::List(list)) if !list.iter().all(|w| *w > 0.0 && w.is_finite()) => {
-                let problem = format!("must all be positive, got {list:?}");
-                return invalid("loss.class_weights", problem);
+                invalid(
+                    "loss.class_weights",
+                    format!("must all be positive, got {list:?}"),
+                )
             }
-            _ => {}
+            _ => Ok(()),
         }
-        if self.checkpoints.every_steps == Some(0) {
-            return invalid("checkpoints.every_steps", "must be at least 1".into());
+    }
+
+    fn check_checkpoints(&self) -> Checked {
+        let c = &self.checkpoints;
+        if c.every_steps == Some(0) {
+            return invalid("checkpoints.every_steps", "must be at least 1");
         }
-        if self
-            .checkpoints
-            .every_minutes
-            .is_some_and(|m| !(m > 0.0 && m.is_finite()))
-        {
-            return invalid(
-                "checkpoints.every_minutes",
-                "must be a positive number".into(),
-            );
+        if c.every_minutes.is_some_and(|m| !(m > 0.0 && m.is_finite())) {
+            return invalid("checkpoints.every_minutes", "must be a positive number");
         }
-        if self.checkpoints.every_epochs == 0 || self.checkpoints.keep_last == 0 {
+        if c.every_epochs == 0 || c.keep_last == 0 {
             return invalid(
                 "checkpoints",
-                "every_epochs and keep_last must be at least 1".into(),
+                "every_epochs and keep_last must be at least 1",
             );
         }
+        Ok(())
+    }
+
+    /// `[ema]`, `[early_stopping]` and `[mixup]`.
+    fn check_recipes(&self) -> Checked {
         if let Some(ema) = &self.ema {
             if !(0.0..1.0).contains(&ema.decay) {
                 return invalid(
@@ -1103,11 +1116,11 @@ impl TrainConfig {
                 );
             }
             if ema.every == 0 {
-                return invalid("ema.every", "must be at least 1 (optimizer steps)".into());
+                return invalid("ema.every", "must be at least 1 (optimizer steps)");
             }
         }
-        if let Some((key, problem)) = self.early_stopping.as_ref().and_then(|e| e.problem()) {
-            return invalid(key, problem);
+        if let Some(problem) = self.early_stopping.as_ref().and_then(|e| e.problem()) {
+            return Err(problem);
         }
         if let Some(mixup) = &self.mixup {
             let mixing = mixup.mixing(self.loss.label_smoothing, 1);
@@ -1118,17 +1131,25 @@ impl TrainConfig {
                 let problem = "cannot be combined with [mixup]: a mixed image's soft target has \
                     no one class to weigh (timm's SoftTargetCrossEntropy has no weights either); \
                     leave one of them out";
-                return invalid("loss.class_weights", problem.into());
+                return invalid("loss.class_weights", problem);
             }
         }
+        Ok(())
+    }
+
+    fn check_logging(&self) -> Checked {
         if self.logging.print_every == 0 {
-            return invalid("logging.print_every", "must be at least 1".into());
+            return invalid("logging.print_every", "must be at least 1");
         }
+        Ok(())
+    }
+
+    fn check_data(&self) -> Checked {
         if self.data.max_image_side == 0 {
-            return invalid("data.max_image_side", "must be at least 1".into());
+            return invalid("data.max_image_side", "must be at least 1");
         }
         if self.data.max_image_pixels == 0 {
-            return invalid("data.max_image_pixels", "must be at least 1".into());
+            return invalid("data.max_image_pixels", "must be at least 1");
         }
         if let Err(e) = kiln_data::Pipeline::new(&self.data.train_transforms) {
             return invalid("data.train_transforms", e.to_string());
@@ -1138,6 +1159,30 @@ impl TrainConfig {
         }
         Ok(())
     }
+}
+
+impl GroupSection {
+    fn check(&self) -> Checked {
+        if self.params.is_empty() {
+            return invalid("optimizer.groups", "params must name at least one");
+        }
+        if !(self.lr_scale > 0.0 && self.lr_scale.is_finite()) {
+            let problem = format!("lr_scale must be positive, got {}", self.lr_scale);
+            return invalid("optimizer.groups", problem);
+        }
+        if let Some(decay) = self.weight_decay.filter(|d| !(*d >= 0.0 && d.is_finite())) {
+            let problem = format!("weight_decay must be 0 or more, got {decay}");
+            return invalid("optimizer.groups", problem);
+        }
+        Ok(())
+    }
+}
+
+/// A section's check: the key at fault and what is wrong with it, for [`ConfigError::Invalid`].
+type Checked = Result<(), (&'static str, String)>;
+
+fn invalid(key: &'static str, problem: impl Into<String>) -> Checked {
+    Err((key, problem.into()))
 }
 
 /// Sets `a.b.c = value` in `table`, creating tables on the way. The value is read as TOML
@@ -1247,7 +1292,7 @@ lr = 0.1
         )
         .unwrap();
         assert_eq!(config.optimizer.lr, 0.5);
-        assert_eq!(config.model.stem, "cifar");
+        assert_eq!(config.model.stem, Stem::Cifar);
         assert_eq!(config.schedule.milestones, [1, 2]);
         assert_eq!(config.name, "quick run");
         assert!(matches!(
@@ -1284,6 +1329,67 @@ lr = 0.1
         );
         let err = parse(&MINIMAL.replace("lr = 0.1", ""), &[]).unwrap_err();
         assert!(err.contains("lr"), "{err}");
+    }
+
+    /// The closed choices are enums: serde refuses a wrong one in one line that names the file,
+    /// the key and the choices, and they are written back as the config spells them.
+    #[test]
+    fn closed_choices_name_the_file_the_key_and_the_choices() {
+        for (set, key, choices) in [
+            ("precision=fp8", "precision", "`f32`, `bf16`, `f16`"),
+            ("model.stem=tiny", "model.stem", "`imagenet` or `cifar`"),
+            ("device.backend=tpu", "device.backend", "auto, cuda, wgpu"),
+            (
+                "early_stopping={ patience = 1, metric = 'top1' }",
+                "early_stopping.metric",
+                "`val_top1`, `val_top5`, `val_loss`, `ema_val_top1`",
+            ),
+            (
+                "early_stopping={ patience = 1, mode = 'up' }",
+                "early_stopping.mode",
+                "`max` or `min`",
+            ),
+        ] {
+            let err = parse(MINIMAL, &[set]).unwrap_err();
+            assert!(
+                err.starts_with("test.toml: ") && err.contains(key) && err.contains(choices),
+                "{set}: {err}"
+            );
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+        let err = parse(&format!("precision = \"fp8\"\n{MINIMAL}"), &[]).unwrap_err();
+        assert!(err.starts_with("test.toml line 1: precision: "), "{err}");
+
+        let config = parse(
+            MINIMAL,
+            &[
+                "device.backend=CUDA",
+                "precision=bf16",
+                "model.stem=cifar",
+                "early_stopping={ patience = 2, metric = 'ema_val_loss', mode = 'max' }",
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.precision(), Precision::Bf16);
+        let text = config.to_toml();
+        for line in [
+            "backend = \"cuda\"",
+            "precision = \"bf16\"",
+            "stem = \"cifar\"",
+            "metric = \"ema_val_loss\"",
+            "mode = \"max\"",
+        ] {
+            assert!(text.contains(line), "{line}:\n{text}");
+        }
+        assert_eq!(parse(&text, &[]).unwrap(), config);
+        let defaults = parse(MINIMAL, &[]).unwrap().to_toml();
+        for line in [
+            "backend = \"auto\"",
+            "precision = \"f32\"",
+            "stem = \"imagenet\"",
+        ] {
+            assert!(defaults.contains(line), "{line}:\n{defaults}");
+        }
     }
 
     #[test]

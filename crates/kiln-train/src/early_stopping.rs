@@ -3,7 +3,7 @@
 //! epochs. The verdict is a function of the run's history alone, so a resumed run stops where
 //! an uninterrupted one would.
 
-use crate::config::EarlyStoppingSection;
+use crate::config::{EarlyStoppingSection, StoppingMetric};
 use crate::run_dir::EpochSummary;
 
 /// Why the run should stop after the last epoch of `history`, or `None` to go on. An epoch
@@ -13,7 +13,7 @@ pub fn verdict(rule: &EarlyStoppingSection, history: &[EpochSummary]) -> Option<
     let mut best: Option<(f64, usize)> = None;
     let mut waited = 0;
     for summary in history {
-        let Some(value) = metric(summary, &rule.metric) else {
+        let Some(value) = metric(summary, rule.metric) else {
             continue;
         };
         match best {
@@ -26,22 +26,21 @@ pub fn verdict(rule: &EarlyStoppingSection, history: &[EpochSummary]) -> Option<
     }
     let (best, best_epoch) = best?;
     (waited >= rule.patience).then(|| EarlyStop {
-        metric: rule.metric.clone(),
+        metric: rule.metric.name().to_string(),
         best,
         best_epoch,
         waited,
     })
 }
 
-fn metric(summary: &EpochSummary, name: &str) -> Option<f64> {
-    match name {
-        "val_top1" => summary.val_top1,
-        "val_top5" => summary.val_top5,
-        "val_loss" => summary.val_loss,
-        "ema_val_top1" => summary.ema_val_top1,
-        "ema_val_top5" => summary.ema_val_top5,
-        "ema_val_loss" => summary.ema_val_loss,
-        _ => None,
+fn metric(summary: &EpochSummary, metric: StoppingMetric) -> Option<f64> {
+    match metric {
+        StoppingMetric::ValTop1 => summary.val_top1,
+        StoppingMetric::ValTop5 => summary.val_top5,
+        StoppingMetric::ValLoss => summary.val_loss,
+        StoppingMetric::EmaValTop1 => summary.ema_val_top1,
+        StoppingMetric::EmaValTop5 => summary.ema_val_top5,
+        StoppingMetric::EmaValLoss => summary.ema_val_loss,
     }
 }
 
@@ -69,6 +68,8 @@ impl std::fmt::Display for EarlyStop {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::StoppingMode;
+    use StoppingMetric::{EmaValLoss, ValLoss, ValTop1};
 
     fn history(top1: &[Option<f64>]) -> Vec<EpochSummary> {
         top1.iter()
@@ -82,9 +83,9 @@ mod tests {
             .collect()
     }
 
-    fn rule(metric: &str, patience: usize, min_delta: f64) -> EarlyStoppingSection {
+    fn rule(metric: StoppingMetric, patience: usize, min_delta: f64) -> EarlyStoppingSection {
         EarlyStoppingSection {
-            metric: metric.into(),
+            metric,
             patience,
             min_delta,
             mode: None,
@@ -102,36 +103,33 @@ mod tests {
             Some(0.6),
         ]);
         // 0.605 is no improvement over 0.6 by more than 0.01: three epochs without one.
-        let stop = verdict(&rule("val_top1", 3, 0.01), &h).unwrap();
+        let stop = verdict(&rule(ValTop1, 3, 0.01), &h).unwrap();
         assert_eq!((stop.best, stop.best_epoch, stop.waited), (0.6, 2, 3));
-        assert!(verdict(&rule("val_top1", 4, 0.01), &h).is_none());
+        assert!(verdict(&rule(ValTop1, 4, 0.01), &h).is_none());
         // Without min_delta, 0.605 is the best: two epochs since.
-        assert!(verdict(&rule("val_top1", 3, 0.0), &h).is_none());
+        assert!(verdict(&rule(ValTop1, 3, 0.0), &h).is_none());
         // Losses go down by default; `mode` overrides the direction.
-        let loss = verdict(&rule("val_loss", 3, 0.01), &h).unwrap();
+        let loss = verdict(&rule(ValLoss, 3, 0.01), &h).unwrap();
         assert_eq!(loss.best_epoch, 2);
         let upside_down = EarlyStoppingSection {
-            mode: Some("max".into()),
-            ..rule("val_loss", 2, 0.0)
+            mode: Some(StoppingMode::Max),
+            ..rule(ValLoss, 2, 0.0)
         };
         assert_eq!(verdict(&upside_down, &h).unwrap().best_epoch, 1);
-        assert!(verdict(&rule("val_top1", 1, 0.0), &history(&[None, None])).is_none());
+        assert!(verdict(&rule(ValTop1, 1, 0.0), &history(&[None, None])).is_none());
     }
 
     #[test]
     fn bad_values_name_their_key() {
+        // A metric it cannot watch is refused as the config is read (`config`'s tests).
         assert_eq!(
-            rule("top1", 3, 0.0).problem().unwrap().0,
-            "early_stopping.metric"
-        );
-        assert_eq!(
-            rule("val_top1", 0, 0.0).problem().unwrap().0,
+            rule(ValTop1, 0, 0.0).problem().unwrap().0,
             "early_stopping.patience"
         );
         assert_eq!(
-            rule("val_top1", 1, -1.0).problem().unwrap().0,
+            rule(ValTop1, 1, -1.0).problem().unwrap().0,
             "early_stopping.min_delta"
         );
-        assert!(rule("ema_val_loss", 1, 0.0).problem().is_none());
+        assert!(rule(EmaValLoss, 1, 0.0).problem().is_none());
     }
 }

@@ -363,6 +363,7 @@ mod tests {
     use super::*;
     use crate::config::OptimizerConfig;
     use kiln_data::Source;
+    use kiln_models::Stem;
 
     fn cifar(batch_size: usize) -> TrainConfig {
         let mut config = TrainConfig::new(
@@ -374,7 +375,7 @@ mod tests {
             1,
             batch_size,
         );
-        config.model.stem = "cifar".into();
+        config.model.stem = Stem::Cifar;
         config.optimizer.momentum = 0.9;
         config
     }
@@ -394,7 +395,7 @@ mod tests {
         );
         // 16-bit convolutions keep fewer bytes per image.
         let mut bf16 = cifar(32);
-        bf16.precision = "bf16".into();
+        bf16.precision = Precision::Bf16;
         assert!(Plan::new(&bf16, 1).unwrap().bytes_per_image < plan.bytes_per_image);
         // Two devices halve the images each holds.
         let two = Plan::new(&cifar(64), 2).unwrap();

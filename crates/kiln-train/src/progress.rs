@@ -4,6 +4,7 @@
 //! 15 s until the first step ends, so that a long first compile never looks like a hang.
 
 use std::io::IsTerminal;
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::engine::{Event, Observer};
 use crate::plan;
+use crate::run_dir::EpochSummary;
 
 /// How often the heartbeat speaks while the first step runs.
 const HEARTBEAT: Duration = Duration::from_secs(15);
@@ -121,6 +123,177 @@ impl Console {
     }
 }
 
+impl Console {
+    fn started(
+        &mut self,
+        run_dir: &Path,
+        train_images: usize,
+        val_images: Option<usize>,
+        iterations_per_epoch: usize,
+        resumed_from: Option<&Path>,
+    ) {
+        for note in std::mem::take(&mut self.notes) {
+            self.line(format!("note: {note}"));
+        }
+        if let Some(from) = resumed_from {
+            self.line(format!("resuming from {}", from.display()));
+        }
+        let val = val_images.map_or("no validation set".into(), |n| {
+            format!("{n} validation images")
+        });
+        let devices = match self.replicas {
+            1 => String::new(),
+            n => format!(" on {n} devices"),
+        };
+        self.line(format!(
+            "training{devices} on {train_images} images ({iterations_per_epoch} iterations an epoch), {val}; run directory {}",
+            run_dir.display()
+        ));
+    }
+
+    fn planned(
+        &self,
+        batch_size: usize,
+        auto: Option<plan::AutoBatch>,
+        per_device: usize,
+        estimate_bytes: Option<u64>,
+        budget: Option<plan::Budget>,
+    ) {
+        let batch = match auto {
+            Some(_) => format!("batch_size \"auto\": {batch_size}"),
+            None => format!("batch_size {batch_size}"),
+        };
+        let share = match per_device == batch_size {
+            true => String::new(),
+            false => format!(" ({per_device} per device)"),
+        };
+        let estimate = estimate_bytes.map_or(String::new(), |bytes| {
+            format!("; about {} of memory per device", plan::bytes(bytes))
+        });
+        let budget = budget.map_or(String::new(), |b| {
+            format!(" ({}{})", plan::bytes(b.bytes), b.source)
+        });
+        self.line(format!("{batch}{share}{estimate}{budget}"));
+        if let Some(auto) = auto {
+            self.line(format!("batch_size \"auto\" chose {batch_size}: {auto}"));
+        }
+    }
+
+    fn first_step(&mut self) {
+        if self.compiles_kernels {
+            self.line(
+                "compiling GPU kernels (the first run on this device takes longer; later runs reuse them)"
+                    .into(),
+            );
+            self.heartbeat = Some(Heartbeat::start());
+        }
+    }
+
+    /// The epoch's bar, on a terminal: where the epoch is and, when read, the loss.
+    fn show_on_bar(
+        &mut self,
+        epoch: usize,
+        epochs: usize,
+        batch: usize,
+        batches: usize,
+        lr: f64,
+        loss: Option<crate::Reading>,
+    ) {
+        let bar = self.bar_for(epoch, epochs, batches);
+        bar.set_position(batch as u64);
+        if let Some(reading) = loss {
+            bar.set_message(format!("loss {:.4} lr {lr:.2e}", reading.loss));
+        }
+    }
+
+    /// A loss read from the device: the first step's line, then one every `print_every`.
+    fn reading(&mut self, epoch: usize, iteration: usize, lr: f64, reading: crate::Reading) {
+        self.heartbeat = None;
+        let rate = self.window_images as f64 / reading.seconds.max(1e-9);
+        self.window_images = 0;
+        if iteration == 1 {
+            let compiling = match self.compiles_kernels {
+                true => ", kernel compilation included",
+                false => "",
+            };
+            self.line(format!(
+                "[epoch {}, iteration 1] loss {:.4}, lr {lr:.3e}; the first step took {:.1} s{compiling}",
+                epoch + 1,
+                reading.loss,
+                reading.seconds
+            ));
+        } else if iteration.is_multiple_of(self.print_every) {
+            self.line(format!(
+                "[epoch {}, iteration {iteration}] running loss {:.4}, lr {lr:.3e}, {rate:.0} img/s",
+                epoch + 1,
+                reading.loss
+            ));
+        }
+    }
+
+    fn epoch(&mut self, summary: &EpochSummary) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+        let val = match (summary.val_loss, summary.val_top1, summary.val_top5) {
+            (Some(loss), Some(top1), Some(top5)) => format!(
+                ", validation loss {loss:.4} top-1 {:.2}% top-5 {:.2}%",
+                top1 * 100.0,
+                top5 * 100.0
+            ),
+            _ => String::new(),
+        };
+        let skipped = match summary.skipped_images {
+            0 => String::new(),
+            n => format!(", {n} images skipped"),
+        };
+        let memory = summary
+            .peak_memory_bytes
+            .map(|b| format!(", peak memory {:.2} GiB", b as f64 / GIB))
+            .unwrap_or_default();
+        let ema = match (summary.ema_val_loss, summary.ema_val_top1) {
+            (Some(loss), Some(top1)) => {
+                format!(", EMA loss {loss:.4} top-1 {:.2}%", top1 * 100.0)
+            }
+            _ => String::new(),
+        };
+        let grad_norm = match (summary.grad_norm_mean, summary.grad_norm_max) {
+            (Some(mean), Some(max)) => {
+                format!(", gradient norm mean {mean:.3} max {max:.3}")
+            }
+            _ => String::new(),
+        };
+        let per_device = match self.replicas {
+            1 => String::new(),
+            n => format!(" ({:.0} per device)", summary.images_per_s / n as f64),
+        };
+        self.line(format!(
+            "epoch {}: train loss {:.4} accuracy {:.2}%{val}{ema}{grad_norm}, {:.1} s, {:.0} img/s{per_device}{memory}{skipped}",
+            summary.epoch,
+            summary.train_loss,
+            summary.train_accuracy * 100.0,
+            summary.seconds,
+            summary.images_per_s
+        ));
+    }
+
+    fn stopped(&mut self, checkpoint: &Path) {
+        if let Some(bar) = self.bar.take() {
+            bar.abandon();
+        }
+        let run = checkpoint
+            .parent()
+            .and_then(|p| p.parent())
+            .unwrap_or(checkpoint);
+        self.line(format!(
+            "stopped; checkpoint written to {}. Resume with: kiln train --resume {}",
+            checkpoint.display(),
+            run.display()
+        ));
+    }
+}
+
+/// One small function per kind of event, each printing what it always printed.
 impl Observer for Console {
     fn event(&mut self, event: Event<'_>) {
         match event {
@@ -133,23 +306,8 @@ impl Observer for Console {
                 resumed_from,
             } => {
                 self.replicas = replicas;
-                for note in std::mem::take(&mut self.notes) {
-                    self.line(format!("note: {note}"));
-                }
-                if let Some(from) = resumed_from {
-                    self.line(format!("resuming from {}", from.display()));
-                }
-                let val = val_images.map_or("no validation set".into(), |n| {
-                    format!("{n} validation images")
-                });
-                let devices = match replicas {
-                    1 => String::new(),
-                    n => format!(" on {n} devices"),
-                };
-                self.line(format!(
-                    "training{devices} on {train_images} images ({iterations_per_epoch} iterations an epoch), {val}; run directory {}",
-                    run_dir.display()
-                ));
+                let (images, per_epoch) = (train_images, iterations_per_epoch);
+                self.started(run_dir, images, val_images, per_epoch, resumed_from);
             }
             Event::Planned {
                 batch_size,
@@ -157,35 +315,8 @@ impl Observer for Console {
                 per_device,
                 estimate_bytes,
                 budget,
-            } => {
-                let batch = match auto {
-                    Some(_) => format!("batch_size \"auto\": {batch_size}"),
-                    None => format!("batch_size {batch_size}"),
-                };
-                let share = match per_device == batch_size {
-                    true => String::new(),
-                    false => format!(" ({per_device} per device)"),
-                };
-                let estimate = estimate_bytes.map_or(String::new(), |bytes| {
-                    format!("; about {} of memory per device", plan::bytes(bytes))
-                });
-                let budget = budget.map_or(String::new(), |b| {
-                    format!(" ({}{})", plan::bytes(b.bytes), b.source)
-                });
-                self.line(format!("{batch}{share}{estimate}{budget}"));
-                if let Some(auto) = auto {
-                    self.line(format!("batch_size \"auto\" chose {batch_size}: {auto}"));
-                }
-            }
-            Event::FirstStep => {
-                if self.compiles_kernels {
-                    self.line(
-                        "compiling GPU kernels (the first run on this device takes longer; later runs reuse them)"
-                            .into(),
-                    );
-                    self.heartbeat = Some(Heartbeat::start());
-                }
-            }
+            } => self.planned(batch_size, auto, per_device, estimate_bytes, budget),
+            Event::FirstStep => self.first_step(),
             Event::Iteration {
                 epoch,
                 epochs,
@@ -198,100 +329,21 @@ impl Observer for Console {
             } => {
                 self.window_images += images;
                 if self.terminal {
-                    let bar = self.bar_for(epoch, epochs, batches);
-                    bar.set_position(batch as u64);
-                    if let Some(reading) = loss {
-                        bar.set_message(format!("loss {:.4} lr {lr:.2e}", reading.loss));
-                    }
+                    self.show_on_bar(epoch, epochs, batch, batches, lr, loss);
                 }
-                let Some(reading) = loss else {
-                    return;
-                };
-                self.heartbeat = None;
-                let rate = self.window_images as f64 / reading.seconds.max(1e-9);
-                self.window_images = 0;
-                if iteration == 1 {
-                    let compiling = match self.compiles_kernels {
-                        true => ", kernel compilation included",
-                        false => "",
-                    };
-                    self.line(format!(
-                        "[epoch {}, iteration 1] loss {:.4}, lr {lr:.3e}; the first step took {:.1} s{compiling}",
-                        epoch + 1,
-                        reading.loss,
-                        reading.seconds
-                    ));
-                } else if iteration % self.print_every == 0 {
-                    self.line(format!(
-                        "[epoch {}, iteration {iteration}] running loss {:.4}, lr {lr:.3e}, {rate:.0} img/s",
-                        epoch + 1,
-                        reading.loss
-                    ));
+                if let Some(reading) = loss {
+                    self.reading(epoch, iteration, lr, reading);
                 }
             }
             Event::Skipped(error) => self.line(format!("warning: skipped an image: {error}")),
-            Event::Epoch(summary) => {
-                if let Some(bar) = self.bar.take() {
-                    bar.finish_and_clear();
-                }
-                let val = match (summary.val_loss, summary.val_top1, summary.val_top5) {
-                    (Some(loss), Some(top1), Some(top5)) => format!(
-                        ", validation loss {loss:.4} top-1 {:.2}% top-5 {:.2}%",
-                        top1 * 100.0,
-                        top5 * 100.0
-                    ),
-                    _ => String::new(),
-                };
-                let skipped = match summary.skipped_images {
-                    0 => String::new(),
-                    n => format!(", {n} images skipped"),
-                };
-                let memory = summary
-                    .peak_memory_bytes
-                    .map(|b| format!(", peak memory {:.2} GiB", b as f64 / GIB))
-                    .unwrap_or_default();
-                let ema = match (summary.ema_val_loss, summary.ema_val_top1) {
-                    (Some(loss), Some(top1)) => {
-                        format!(", EMA loss {loss:.4} top-1 {:.2}%", top1 * 100.0)
-                    }
-                    _ => String::new(),
-                };
-                let grad_norm = match (summary.grad_norm_mean, summary.grad_norm_max) {
-                    (Some(mean), Some(max)) => {
-                        format!(", gradient norm mean {mean:.3} max {max:.3}")
-                    }
-                    _ => String::new(),
-                };
-                let per_device = match self.replicas {
-                    1 => String::new(),
-                    n => format!(" ({:.0} per device)", summary.images_per_s / n as f64),
-                };
-                self.line(format!(
-                    "epoch {}: train loss {:.4} accuracy {:.2}%{val}{ema}{grad_norm}, {:.1} s, {:.0} img/s{per_device}{memory}{skipped}",
-                    summary.epoch,
-                    summary.train_loss,
-                    summary.train_accuracy * 100.0,
-                    summary.seconds,
-                    summary.images_per_s
-                ));
-            }
+            Event::Epoch(summary) => self.epoch(summary),
             Event::Checkpoint(path) => self.line(format!("checkpoint {}", path.display())),
             Event::CheckpointSkipped { path, reason } => self.line(format!(
                 "warning: checkpoint {} is damaged ({reason}); resuming from an earlier one",
                 path.display()
             )),
             Event::StoppedEarly(stop) => self.line(stop.to_string()),
-            Event::Stopped(path) => {
-                if let Some(bar) = self.bar.take() {
-                    bar.abandon();
-                }
-                let run = path.parent().and_then(|p| p.parent()).unwrap_or(path);
-                self.line(format!(
-                    "stopped; checkpoint written to {}. Resume with: kiln train --resume {}",
-                    path.display(),
-                    run.display()
-                ));
-            }
+            Event::Stopped(path) => self.stopped(path),
             Event::Finished { model } => {
                 self.line(format!("finished; model written to {}", model.display()))
             }

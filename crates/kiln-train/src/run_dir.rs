@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::config::TrainConfig;
+use crate::config::{ConfigError, TrainConfig};
 use crate::confusion::{Confusion, heat_map};
 
 /// What an epoch came to. `val_*` are absent without a validation set.
@@ -47,6 +47,7 @@ pub struct EpochSummary {
     pub val_macro_f1: Option<f64>,
 }
 
+#[derive(Debug)]
 pub struct RunDir {
     pub path: PathBuf,
 }
@@ -101,6 +102,13 @@ impl RunDir {
     pub fn is_empty(&self) -> bool {
         !self.path.join("metrics.jsonl").exists()
             && std::fs::read_dir(self.checkpoints()).map_or(true, |mut d| d.next().is_none())
+    }
+
+    /// Removes the directory if nothing but the config was written, so that a new run that
+    /// failed before recording anything (a bad data path, a missing driver) leaves no empty
+    /// run behind. Whether it did.
+    pub fn remove_if_empty(&self) -> bool {
+        self.is_empty() && std::fs::remove_dir_all(&self.path).is_ok()
     }
 
     pub fn config_path(&self) -> PathBuf {
@@ -258,6 +266,106 @@ impl RunDir {
     }
 }
 
+/// Where `kiln train` starts: a new run directory for a config, or a stopped run to resume.
+#[derive(Debug, Clone, Copy)]
+pub enum Start<'a> {
+    New { config: &'a Path },
+    Resume { run: &'a Path },
+}
+
+/// A run ready to train: its config (with the overrides), its directory, and whether it
+/// resumes from the directory's latest checkpoint.
+#[derive(Debug)]
+pub struct OpenRun {
+    pub config: TrainConfig,
+    pub run: RunDir,
+    pub resume: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenRunError {
+    #[error("{} is not a kiln run directory (it has no config.toml)", .0.display())]
+    NotARun(PathBuf),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("creating a run directory in {}", runs.display())]
+    Create {
+        runs: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Opens the run `start` names with `overrides` applied: a new directory under the config's
+/// `logging.runs_dir` (holding the config), or an existing one, whose recorded config the
+/// overrides may change only where the saved position keeps its meaning
+/// ([`TrainConfig::check_resume_change`]).
+pub fn open_run(start: Start<'_>, overrides: &[String]) -> Result<OpenRun, OpenRunError> {
+    match start {
+        Start::Resume { run: dir } => {
+            let run = RunDir::open(dir);
+            if !run.config_path().is_file() {
+                return Err(OpenRunError::NotARun(dir.to_path_buf()));
+            }
+            let config = TrainConfig::load(&run.config_path(), overrides)?;
+            config.check_resume_change(&TrainConfig::load(&run.config_path(), &[])?)?;
+            Ok(OpenRun {
+                config,
+                run,
+                resume: true,
+            })
+        }
+        Start::New { config: path } => {
+            let config = TrainConfig::load(path, overrides)?;
+            let runs = &config.logging.runs_dir;
+            let run = RunDir::create(runs, &config).map_err(|source| OpenRunError::Create {
+                runs: runs.clone(),
+                source,
+            })?;
+            Ok(OpenRun {
+                config,
+                run,
+                resume: false,
+            })
+        }
+    }
+}
+
+/// What `kiln eval` evaluates: a run's model (or other weights) with the run's config, or
+/// weights with a config.
+#[derive(Debug, Clone, Copy)]
+pub enum EvalSource<'a> {
+    Run {
+        run: &'a Path,
+        weights: Option<&'a Path>,
+    },
+    Config {
+        config: &'a Path,
+        weights: &'a Path,
+    },
+}
+
+/// The config (with `overrides`) and the weights that `source` names; a run's weights are its
+/// final model unless others are given.
+pub fn eval_inputs(
+    source: EvalSource<'_>,
+    overrides: &[String],
+) -> Result<(TrainConfig, PathBuf), ConfigError> {
+    match source {
+        EvalSource::Run { run, weights } => {
+            let run = RunDir::open(run);
+            let config = TrainConfig::load(&run.config_path(), overrides)?;
+            Ok((
+                config,
+                weights.map_or_else(|| run.model_path(), Path::to_path_buf),
+            ))
+        }
+        EvalSource::Config { config, weights } => {
+            Ok((TrainConfig::load(config, overrides)?, weights.to_path_buf()))
+        }
+    }
+}
+
 /// The text of `summary.txt`; `ending` says why the run ended early, if it did.
 pub fn summary_text(
     config: &TrainConfig,
@@ -361,4 +469,96 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&partial);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config whose runs go under `runs`.
+    fn config_in(dir: &Path, runs: &Path) -> PathBuf {
+        let path = dir.join("run.toml");
+        let text = format!(
+            "name = \"t\"\nepochs = 1\nbatch_size = 4\n[data]\nsource = {{ kind = \"digits\" }}\n\
+             [optimizer]\nname = \"sgd\"\nlr = 0.1\n[logging]\nruns_dir = {:?}\n",
+            runs.display().to_string()
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_new_run_gets_a_directory_and_a_resumed_one_keeps_its_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path().join("runs");
+        let file = config_in(dir.path(), &runs);
+        let overrides = ["epochs=3".to_string()];
+        let new = open_run(Start::New { config: &file }, &overrides).unwrap();
+        assert!(!new.resume);
+        assert!(new.run.path.starts_with(&runs) && new.run.config_path().is_file());
+        assert_eq!(new.config.epochs, 3);
+
+        let resumed = open_run(Start::Resume { run: &new.run.path }, &[]).unwrap();
+        assert!(resumed.resume);
+        assert_eq!(
+            (resumed.run.path, resumed.config.epochs),
+            (new.run.path.clone(), 3)
+        );
+        let more = ["epochs=5".to_string()];
+        let longer = open_run(Start::Resume { run: &new.run.path }, &more).unwrap();
+        assert_eq!(longer.config.epochs, 5);
+        let moved = ["seed=9".to_string()];
+        let err = open_run(Start::Resume { run: &new.run.path }, &moved).unwrap_err();
+        assert!(err.to_string().contains("--set seed:"), "{err}");
+
+        let err = open_run(Start::Resume { run: dir.path() }, &[]).unwrap_err();
+        assert!(
+            err.to_string()
+                .ends_with("is not a kiln run directory (it has no config.toml)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_run_directory_is_removed_only_while_nothing_but_its_config_is_in_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path().join("runs");
+        let file = config_in(dir.path(), &runs);
+        let empty = open_run(Start::New { config: &file }, &[]).unwrap().run;
+        assert!(empty.remove_if_empty());
+        assert!(!empty.path.exists());
+
+        let used = open_run(Start::New { config: &file }, &[]).unwrap().run;
+        std::fs::write(used.path.join("metrics.jsonl"), "{}\n").unwrap();
+        assert!(!used.remove_if_empty());
+        assert!(used.path.exists());
+        let checkpointed = open_run(Start::New { config: &file }, &[]).unwrap().run;
+        std::fs::create_dir(checkpointed.checkpoints().join("epoch-1")).unwrap();
+        assert!(!checkpointed.remove_if_empty());
+    }
+
+    #[test]
+    fn eval_takes_a_runs_config_and_model_or_the_weights_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = config_in(dir.path(), &dir.path().join("runs"));
+        let run = open_run(Start::New { config: &file }, &[]).unwrap().run;
+        let source = EvalSource::Run {
+            run: &run.path,
+            weights: None,
+        };
+        let (config, weights) = eval_inputs(source, &["seed=3".to_string()]).unwrap();
+        assert_eq!((config.seed, weights), (3, run.model_path()));
+        let other = dir.path().join("w.pth");
+        let source = EvalSource::Run {
+            run: &run.path,
+            weights: Some(&other),
+        };
+        assert_eq!(eval_inputs(source, &[]).unwrap().1, other);
+        let source = EvalSource::Config {
+            config: &file,
+            weights: &other,
+        };
+        let (config, weights) = eval_inputs(source, &[]).unwrap();
+        assert_eq!((config.name.as_str(), weights), ("t", other));
+    }
 }

@@ -441,8 +441,11 @@ fn last_iteration(console: &str) -> Option<usize> {
 }
 
 /// `kill -9` at seeded random moments (checkpoint writes included: one is written every two
-/// steps), then `--resume`, twelve times, then once more to the end: its metrics are the uninterrupted run's, and no
-/// resume redoes more than the two steps since the last checkpoint.
+/// steps), then `--resume`, twelve times, then once more to the end: its metrics are the
+/// uninterrupted run's, and no resume redoes more than the two steps since the last checkpoint.
+/// The moments are counted in the run's own steps (a seeded number of steps into each process,
+/// then a seeded part of a step), so that as many kills land on a loaded machine as on an idle
+/// one; one kill in four lands in a process's start instead.
 #[test]
 fn a_run_killed_at_random_moments_and_resumed_ends_as_an_uninterrupted_one() {
     let runs = tempfile::tempdir().unwrap();
@@ -466,8 +469,7 @@ fn a_run_killed_at_random_moments_and_resumed_ends_as_an_uninterrupted_one() {
     let whole = runs.path().join("whole");
     let clock = std::time::Instant::now();
     let output = start(&whole).output().unwrap();
-    // Kills land anywhere in a run as long as this one, whatever the machine's speed.
-    let duration = clock.elapsed().as_secs_f64();
+    let step_seconds = clock.elapsed().as_secs_f64() / 72.0;
     assert!(output.status.success(), "{:?}", errors(&output));
     let expected = trajectory(&run_dir(&whole));
     assert_eq!(expected.len(), 6);
@@ -475,13 +477,11 @@ fn a_run_killed_at_random_moments_and_resumed_ends_as_an_uninterrupted_one() {
     let killed = runs.path().join("killed");
     // A small linear congruential generator: the same moments every time.
     let mut state = 0x2545_f491u64;
-    let mut next_delay = || {
+    let mut uniform = || {
         state = state
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        // Short enough that a dozen kills land before the run is done.
-        let fraction = 0.02 + 0.18 * (state >> 11) as f64 / (1u64 << 53) as f64;
-        std::time::Duration::from_secs_f64(duration * fraction)
+        (state >> 11) as f64 / (1u64 << 53) as f64
     };
     let (mut kills, mut finished) = (0, false);
     let mut last_printed: Option<usize> = None;
@@ -498,24 +498,13 @@ fn a_run_killed_at_random_moments_and_resumed_ends_as_an_uninterrupted_one() {
                 command
             }
         };
-        let mut child = command
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + next_delay();
-        while std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none() {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        if child.try_wait().unwrap().is_none() && kills < 12 {
-            child.kill().unwrap();
-        }
-        let output = child.wait_with_output().unwrap();
+        let moment = match uniform() < 0.25 {
+            true => KillAt::Start(step_seconds * 6.0 * uniform()),
+            false => KillAt::Steps(1 + (uniform() * 8.0) as usize, step_seconds * uniform()),
+        };
+        let (status, stdout) = run_until(&mut command, (kills < 12).then_some(moment));
         // Killed (rather than finished just before the signal).
-        kills += usize::from(output.status.code().is_none());
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        // The console's lines (iterations included) go to standard error.
-        let stdout = format!("{}{stderr}", String::from_utf8_lossy(&output.stdout));
+        kills += usize::from(status.code().is_none());
         // A resume starts at the step after its checkpoint: at most two steps are done again.
         if let (Some(before), Some(first)) = (last_printed, first_iteration(&stdout)) {
             assert!(
@@ -526,21 +515,83 @@ fn a_run_killed_at_random_moments_and_resumed_ends_as_an_uninterrupted_one() {
         if let Some(last) = last_iteration(&stdout) {
             last_printed = Some(last_printed.map_or(last, |l: usize| l.max(last)));
         }
-        if output.status.success() {
+        if status.success() {
             finished = true;
             break;
         }
         // Killed before the first checkpoint: nothing to resume, so start again.
-        if stderr.contains("no checkpoint") || stderr.contains("not a kiln run directory") {
+        if stdout.contains("no checkpoint") || stdout.contains("not a kiln run directory") {
             std::fs::remove_dir_all(&killed).unwrap();
             last_printed = None;
-        } else if output.status.code().is_some() {
-            panic!("kiln failed: {stderr}");
+        } else if status.code().is_some() {
+            panic!("kiln failed: {stdout}");
         }
     }
+    println!("{kills} kills landed");
     assert!(finished, "the run never finished");
     assert!(kills >= 5, "only {kills} kills landed");
     assert_eq!(trajectory(&run_dir(&killed)), expected);
+}
+
+/// When a process is killed: `Start(s)` seconds after it starts, or `Steps(n, s)` seconds
+/// after it printed its `n`-th iteration.
+#[derive(Clone, Copy)]
+enum KillAt {
+    Start(f64),
+    Steps(usize, f64),
+}
+
+/// Runs `command` until it ends, or kills it at `moment`; returns its status and everything it
+/// printed (the console's lines go to standard error), standard output first.
+fn run_until(
+    command: &mut std::process::Command,
+    moment: Option<KillAt>,
+) -> (std::process::ExitStatus, String) {
+    use std::io::BufRead;
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (lines, heard) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines.send(line.contains("iteration "));
+            text += &line;
+            text.push('\n');
+        }
+        text
+    });
+    let pause = |seconds: f64| std::thread::sleep(std::time::Duration::from_secs_f64(seconds));
+    match moment {
+        Some(KillAt::Start(seconds)) => pause(seconds),
+        Some(KillAt::Steps(steps, seconds)) => {
+            // Iterations printed so far; the channel closes when the process ends.
+            let printed = heard
+                .iter()
+                .filter(|&iteration| iteration)
+                .take(steps)
+                .count();
+            if printed == steps {
+                pause(seconds);
+            }
+        }
+        None => {}
+    }
+    if moment.is_some() && child.try_wait().unwrap().is_none() {
+        child.kill().unwrap();
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = reader.join().unwrap();
+    (
+        output.status,
+        format!("{}{stderr}", String::from_utf8_lossy(&output.stdout)),
+    )
 }
 
 /// The lowest iteration a process printed.

@@ -58,6 +58,7 @@ pub fn train(
         resume,
         compiles_kernels: resolved.backend.compiles_kernels(),
         notices: kiln_backend::notices(resolved.backend),
+        device: resolved.human_name(),
         memory: MemoryMeter::for_device(&resolved),
         cluster,
         stop,
@@ -72,6 +73,8 @@ struct Train {
     compiles_kernels: bool,
     /// What the console says about the device when the run starts.
     notices: Vec<String>,
+    /// The devices as people know them, for the console and the report.
+    device: String,
     memory: MemoryMeter,
     cluster: Option<Cluster>,
     stop: Arc<AtomicBool>,
@@ -82,7 +85,8 @@ impl BackendTask for Train {
 
     fn run<B: AutodiffBackend>(mut self, devices: Vec<B::Device>) -> Self::Output {
         let mut console = Console::new(self.config.logging.print_every, self.compiles_kernels)
-            .with_notes(self.notices);
+            .with_notes(self.notices)
+            .with_device(self.device.clone());
         let placement = Placement {
             devices,
             cluster: self.cluster,
@@ -92,7 +96,7 @@ impl BackendTask for Train {
             available_bytes: self.memory.available(),
             replicas: placement.peers(),
         };
-        let settled = settle(&self.config, &facts, Purpose::Train)?;
+        let settled = settle(&self.config, &facts, Purpose::Train)?.with_device(self.device);
         let outcome = kiln_train::train::<B>(
             &settled,
             &self.run,

@@ -38,6 +38,8 @@ pub struct Context<'a> {
     pub observer: &'a mut dyn Observer,
     /// Set by Ctrl-C: the run ends after the current step with a checkpoint.
     pub stop: &'a AtomicBool,
+    /// The devices as people know them, where the caller named them (see `Settled::device`).
+    pub device: Option<&'a str>,
 }
 
 pub struct Trainer<'a, B: AutodiffBackend> {
@@ -74,7 +76,8 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         let device = placement.devices[0].clone();
         B::seed(&device, config.seed);
         let (train_loader, val_loader) = loaders(config, shard(&placement))?;
-        let mut recorder = Recorder::new(config, cx.run, describe_devices::<B>(&placement));
+        let devices = describe_devices::<B>(&placement, cx.device);
+        let mut recorder = Recorder::new(config, cx.run, devices);
         recorder.classes(train_loader.dataset().classes())?;
         let in_use_before_model = cx.memory.current().unwrap_or(0);
         let (mut replicas, groups) = build_replicas(config, train_loader.dataset(), &placement)?;
@@ -620,16 +623,25 @@ fn add_validation(
     }
 }
 
-/// The backend and devices of a run, as its report shows them.
-fn describe_devices<B: AutodiffBackend>(placement: &Placement<B::Device>) -> String {
-    let devices: Vec<String> = placement.devices.iter().map(|d| format!("{d:?}")).collect();
-    let machines = match &placement.cluster {
-        Some(cluster) => format!(" on each of {} machines", cluster.nodes),
-        None => String::new(),
+/// The devices of a run, as its report shows them: as people know them where the caller
+/// named them (`named`), else as burn names them.
+fn describe_devices<B: AutodiffBackend>(
+    placement: &Placement<B::Device>,
+    named: Option<&str>,
+) -> String {
+    let devices = match named {
+        Some(name) => name.to_string(),
+        None => {
+            let devices: Vec<String> = placement.devices.iter().map(|d| format!("{d:?}")).collect();
+            format!(
+                "{} ({})",
+                B::name(&placement.devices[0]),
+                devices.join(", ")
+            )
+        }
     };
-    format!(
-        "{} ({}){machines}",
-        B::name(&placement.devices[0]),
-        devices.join(", ")
-    )
+    match &placement.cluster {
+        Some(cluster) => format!("{devices} on each of {} machines", cluster.nodes),
+        None => devices,
+    }
 }

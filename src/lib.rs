@@ -189,6 +189,24 @@ impl BackendTask for Eval {
     }
 }
 
+/// `kiln eval --mistakes`' page: `evaluation`'s `count` most confident mistakes and least
+/// confident right answers, as thumbnails of the validation images of `config`'s data set.
+pub fn mistakes_page(
+    config: &TrainConfig,
+    evaluation: &Evaluation,
+    count: usize,
+    title: &str,
+) -> anyhow::Result<String> {
+    let mut config = config.clone();
+    if config.batch_size == BatchSize::Auto {
+        // Images are decoded one by one here: any batch will do.
+        config.batch_size = BatchSize::Fixed(1);
+    }
+    let (_, val) = loaders(&config, Shard::WHOLE)?;
+    let val = val.ok_or_else(|| anyhow::anyhow!("the data set has no validation part"))?;
+    Ok(kiln_train::mistakes::page(title, evaluation, &val, count))
+}
+
 /// What `kiln plan` reports: the estimate, the budget it is set against, what fits, and (when
 /// asked) the peak of real training steps.
 #[derive(Debug, serde::Serialize)]

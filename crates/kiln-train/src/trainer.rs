@@ -21,6 +21,7 @@ use crate::ema::Ema;
 use crate::engine::{Event, Limits, Observer, Outcome, Reading, over_memory};
 use crate::error::TrainError;
 use crate::evaluate::{Evaluation, evaluate};
+use crate::iterations::StepLoss;
 use crate::loaders::{loaders, shard};
 use crate::optim::AnyOptimizer;
 use crate::parallel::{Asks, Placement, Replicas};
@@ -95,7 +96,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         if config.ema.is_some() {
             start_ema(&mut replicas, resumed_from.clone(), position.ema_averaged)?;
         }
-        recorder.open_board(resume.then_some(position.iteration))?;
+        recorder.open(resume.then_some(position.iteration))?;
         cx.observer.event(Event::Started {
             run_dir: &cx.run.path,
             train_images: train_loader.dataset().len(),
@@ -194,8 +195,8 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         self.position.epoch = epoch + 1;
         self.position.batch = 0;
         self.position.loss_scale = self.replicas.loss_scaler()?;
-        self.recorder
-            .epoch(&self.history, exported, &self.schedule)?;
+        let val = self.val_loader.as_ref();
+        (self.recorder).epoch(&self.history, exported, &self.schedule, val)?;
         self.cx.observer.event(Event::Epoch(&summary));
         let every = self.config.checkpoints.every_epochs;
         if self.position.epoch.is_multiple_of(every) || self.position.epoch == self.config.epochs {
@@ -293,8 +294,17 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
     fn read_window(&mut self, window: &mut Window, epoch: usize) -> Result<Reading, TrainError> {
         let stats: Vec<StepStats> = self.replicas.take_stats()?;
         let first_iteration = (self.position.iteration + 1).saturating_sub(stats.len());
+        let per_epoch = self.schedule.iterations_per_epoch() as f64;
+        let mut steps = Vec::with_capacity(stats.len());
         for (offset, step) in stats.iter().enumerate().filter(|(_, s)| s.images > 0) {
             let loss = step.loss_sum / step.images as f64;
+            let iteration = first_iteration + offset;
+            steps.push(StepLoss {
+                iteration,
+                epoch: iteration as f64 / per_epoch,
+                loss,
+                lr: self.schedule.lr(iteration.saturating_sub(1)),
+            });
             if !loss.is_finite() {
                 return Err(TrainError::NonFinite {
                     epoch: epoch + 1,
@@ -309,6 +319,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             window.loss_sum += loss * step.images as f64;
             window.images += step.images;
         }
+        self.recorder.steps(&steps)?;
         Ok(window.read())
     }
 

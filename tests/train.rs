@@ -728,6 +728,36 @@ fn the_quickstart_from_its_shards_trains_as_from_the_shipped_digits() {
     assert_eq!(train(config.to_str().unwrap(), "runs-shards"), digits);
     let duration = clock.elapsed();
 
+    // `kiln report` of the two runs: one page naming what differs, their data source (and the
+    // folder each was written into) alone.
+    let page = dir.path().join("compare.html");
+    let runs = ["runs-digits", "runs-shards"].map(|r| run_dir(&dir.path().join(r)));
+    let output = kiln(&[
+        "report",
+        &runs[0].to_string_lossy(),
+        &runs[1].to_string_lossy(),
+        "--out",
+        &page.to_string_lossy(),
+    ]);
+    assert!(output.status.success(), "{:?}", errors(&output));
+    let page = std::fs::read_to_string(&page).unwrap();
+    let differences = page.split("<table class=\"differences\">").nth(1).unwrap();
+    let keys: Vec<&str> = (differences.split("</table>").next().unwrap())
+        .split("<tr><td><code>")
+        .skip(1)
+        .map(|row| row.split('<').next().unwrap())
+        .collect();
+    let source = |k: &&str| k.starts_with("data.source.");
+    assert!(keys.iter().any(source), "{keys:?}");
+    assert!(
+        keys.iter().all(|k| source(k) || *k == "logging.runs_dir"),
+        "{keys:?}"
+    );
+    assert!(
+        page.contains("runs-digits/") && page.contains("/report.html\""),
+        "{page}"
+    );
+
     // Killed in the middle and resumed, a run from shards ends as the uninterrupted one.
     let killed = dir.path().join("runs-killed");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))

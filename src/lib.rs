@@ -63,6 +63,7 @@ pub fn train(
         resume,
         compiles_kernels: resolved.backend.compiles_kernels(),
         notices: kiln_backend::notices(resolved.backend),
+        device: resolved.human_name(),
         memory: MemoryMeter::for_device(&resolved),
         cluster,
         stop,
@@ -77,6 +78,8 @@ struct Train {
     compiles_kernels: bool,
     /// What the console says about the device when the run starts.
     notices: Vec<String>,
+    /// The devices as people know them, for the console and the report.
+    device: String,
     memory: MemoryMeter,
     cluster: Option<Cluster>,
     stop: Arc<AtomicBool>,
@@ -87,7 +90,8 @@ impl BackendTask for Train {
 
     fn run<B: AutodiffBackend>(mut self, devices: Vec<B::Device>) -> Self::Output {
         let mut console = Console::new(self.config.logging.print_every, self.compiles_kernels)
-            .with_notes(self.notices);
+            .with_notes(self.notices)
+            .with_device(self.device.clone());
         let placement = Placement {
             devices,
             cluster: self.cluster,
@@ -97,7 +101,7 @@ impl BackendTask for Train {
             available_bytes: self.memory.available(),
             replicas: placement.peers(),
         };
-        let settled = settle(&self.config, &facts, Purpose::Train)?;
+        let settled = settle(&self.config, &facts, Purpose::Train)?.with_device(self.device);
         let outcome = kiln_train::train::<B>(
             &settled,
             &self.run,
@@ -188,6 +192,24 @@ impl BackendTask for Eval {
         let tta = self.config.eval.tta;
         Ok(kiln_train::evaluate(&model.valid(), &val, &device, tta)?)
     }
+}
+
+/// `kiln eval --mistakes`' page: `evaluation`'s `count` most confident mistakes and least
+/// confident right answers, as thumbnails of the validation images of `config`'s data set.
+pub fn mistakes_page(
+    config: &TrainConfig,
+    evaluation: &Evaluation,
+    count: usize,
+    title: &str,
+) -> anyhow::Result<String> {
+    let mut config = config.clone();
+    if config.batch_size == BatchSize::Auto {
+        // Images are decoded one by one here: any batch will do.
+        config.batch_size = BatchSize::Fixed(1);
+    }
+    let (_, val) = loaders(&config, Shard::WHOLE)?;
+    let val = val.ok_or_else(|| anyhow::anyhow!("the data set has no validation part"))?;
+    Ok(kiln_train::mistakes::page(title, evaluation, &val, count))
 }
 
 /// What `kiln plan` reports: the estimate, the budget it is set against, what fits, and (when

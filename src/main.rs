@@ -7,6 +7,7 @@ mod devices;
 mod export;
 mod plan;
 mod predict;
+mod report;
 mod shard;
 mod stats;
 mod summary;
@@ -90,9 +91,16 @@ enum Command {
 
     /// Evaluate a trained model on its data set's validation part.
     #[command(
-        after_help = "Examples:\n  kiln eval --run runs/quickstart-20261130-120000\n  kiln eval --config configs/imagefolder-resnet50.toml --weights resnet50.pth"
+        after_help = "Examples:\n  kiln eval --run runs/quickstart-20261130-120000\n  kiln eval --run runs/quickstart-20261130-120000 --mistakes 24\n  kiln eval --config configs/imagefolder-resnet50.toml --weights resnet50.pth"
     )]
     Eval(train::EvalArgs),
+
+    /// Compare runs on one page: their curves overlaid, final and best figures, and the config
+    /// keys they differ in.
+    #[command(
+        after_help = "Examples:\n  kiln report runs/quickstart-20261130-120000 runs/quickstart-20261130-130000\n  kiln report runs/* --out compare.html"
+    )]
+    Report(report::ReportArgs),
 
     /// Export a trained model for inference elsewhere: ONNX (batch norm folded, dynamic batch,
     /// the preprocessing and class names in its metadata) or torchvision-compatible safetensors.
@@ -146,6 +154,7 @@ fn main() -> ExitCode {
         Command::Predict(args) => predict::run(args),
         Command::Train(args) => train::run_train(args),
         Command::Eval(args) => train::run_eval(args),
+        Command::Report(args) => report::run(args),
         Command::Export(args) => export::run(args),
         Command::Warmup(args) => train::run_warmup(args),
         Command::Plan(args) => plan::run(args),

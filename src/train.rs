@@ -118,6 +118,15 @@ pub struct EvalArgs {
     #[arg(long)]
     tta: Option<String>,
 
+    /// Also write a page of the N most confident mistakes and the N least confident right
+    /// answers, as thumbnails (into the run folder as mistakes.html, or --out).
+    #[arg(long, value_name = "N")]
+    mistakes: Option<usize>,
+
+    /// Where --mistakes writes its page.
+    #[arg(long, requires = "mistakes")]
+    out: Option<PathBuf>,
+
     #[command(flatten)]
     options: ConfigOptions,
 }
@@ -207,7 +216,7 @@ pub fn run_eval(mut args: EvalArgs) -> anyhow::Result<()> {
     };
     let (config, weights) = run_dir::eval_inputs(source, &args.options.overrides)?;
     let (backend, devices) = args.options.device_request(&config)?;
-    let result = kiln::evaluate(&config, weights, backend, &devices)?;
+    let result = kiln::evaluate(&config, weights.clone(), backend, &devices)?;
     let skipped = match result.skipped {
         0 => String::new(),
         n => format!(", {n} images skipped"),
@@ -224,6 +233,15 @@ pub fn run_eval(mut args: EvalArgs) -> anyhow::Result<()> {
         }
     );
     print!("{}", result.confusion.report(&result.class_names));
+    if let Some(count) = args.mistakes {
+        let out = (args.out.clone())
+            .or_else(|| args.run.as_ref().map(|run| run.join("mistakes.html")))
+            .unwrap_or_else(|| PathBuf::from("mistakes.html"));
+        let title = format!("kiln eval: mistakes of {}", weights.display());
+        let page = kiln::mistakes_page(&config, &result, count, &title)?;
+        std::fs::write(&out, page).with_context(|| format!("writing {}", out.display()))?;
+        println!("wrote {}", out.display());
+    }
     Ok(())
 }
 

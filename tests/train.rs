@@ -105,6 +105,31 @@ fn the_quickstart_reaches_95_percent_on_the_shipped_digits() {
     );
     assert!(text.contains(&format!("macro F1 {macro_f1:.4}")), "{text}");
 
+    // `--mistakes` writes the model's mistakes as a page of thumbnails beside the run's.
+    let output = kiln(&[
+        "eval",
+        "--run",
+        &run.to_string_lossy(),
+        "--backend",
+        "flex",
+        "--mistakes",
+        "8",
+    ]);
+    assert!(output.status.success(), "{:?}", errors(&output));
+    let page = std::fs::read_to_string(run.join("mistakes.html")).unwrap();
+    let images = page.matches("<img src=\"data:image/png;base64,").count();
+    assert!((8..=16).contains(&images), "{images} images");
+    assert!(page.contains("Least confident right answers"), "{page}");
+    // The run's own page shows the per-step loss, the matrix's counts and the mistakes.
+    let report = std::fs::read_to_string(run.join("report.html")).unwrap();
+    for shown in [
+        "train, smoothed",
+        "class=\"cell\"",
+        "Most confident mistakes",
+    ] {
+        assert!(report.contains(shown), "{shown}");
+    }
+
     // `kiln export` writes model.onnx: another runtime (tract) computes kiln's logits from it,
     // and its metadata holds the run's class names and normalization.
     let output = kiln(&["export", "--run", &run.to_string_lossy()]);
@@ -531,6 +556,10 @@ fn a_run_killed_at_random_moments_and_resumed_ends_as_an_uninterrupted_one() {
     assert!(finished, "the run never finished");
     assert!(kills >= 5, "only {kills} kills landed");
     assert_eq!(trajectory(&run_dir(&killed)), expected);
+    // Every step's loss as the uninterrupted run wrote it: the rows a kill left past the
+    // checkpoint were cut on resume.
+    let steps = |runs: &Path| std::fs::read_to_string(run_dir(runs).join("iterations.csv"));
+    assert_eq!(steps(&killed).unwrap(), steps(&whole).unwrap());
 }
 
 /// When a process is killed: `Start(s)` seconds after it starts, or `Steps(n, s)` seconds
@@ -638,6 +667,36 @@ fn the_quickstart_from_its_shards_trains_as_from_the_shipped_digits() {
     let clock = std::time::Instant::now();
     assert_eq!(train(config.to_str().unwrap(), "runs-shards"), digits);
     let duration = clock.elapsed();
+
+    // `kiln report` of the two runs: one page naming what differs, their data source (and the
+    // folder each was written into) alone.
+    let page = dir.path().join("compare.html");
+    let runs = ["runs-digits", "runs-shards"].map(|r| run_dir(&dir.path().join(r)));
+    let output = kiln(&[
+        "report",
+        &runs[0].to_string_lossy(),
+        &runs[1].to_string_lossy(),
+        "--out",
+        &page.to_string_lossy(),
+    ]);
+    assert!(output.status.success(), "{:?}", errors(&output));
+    let page = std::fs::read_to_string(&page).unwrap();
+    let differences = page.split("<table class=\"differences\">").nth(1).unwrap();
+    let keys: Vec<&str> = (differences.split("</table>").next().unwrap())
+        .split("<tr><td><code>")
+        .skip(1)
+        .map(|row| row.split('<').next().unwrap())
+        .collect();
+    let source = |k: &&str| k.starts_with("data.source.");
+    assert!(keys.iter().any(source), "{keys:?}");
+    assert!(
+        keys.iter().all(|k| source(k) || *k == "logging.runs_dir"),
+        "{keys:?}"
+    );
+    assert!(
+        page.contains("runs-digits/") && page.contains("/report.html\""),
+        "{page}"
+    );
 
     // Killed in the middle and resumed, a run from shards ends as the uninterrupted one.
     let killed = dir.path().join("runs-killed");

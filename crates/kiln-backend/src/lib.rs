@@ -24,7 +24,8 @@ pub use error::BackendError;
 pub use kernel_cache::KernelCache;
 pub use memory::MemoryMeter;
 pub use probe::{
-    BackendReport, DeviceInfo, DeviceKind, Probe, notices, probe, quiet_headless_vulkan,
+    BackendReport, DeviceInfo, DeviceKind, Probe, human_names, notices, probe,
+    quiet_headless_vulkan,
 };
 
 /// A backend and the devices on it that a run will use.
@@ -32,6 +33,13 @@ pub use probe::{
 pub struct Resolved {
     pub backend: Backend,
     pub devices: Vec<DeviceInfo>,
+}
+
+impl Resolved {
+    /// The run's devices as people know them ("NVIDIA H200", "CPU: AMD EPYC 9R14, 2 threads").
+    pub fn human_name(&self) -> String {
+        human_names(&self.devices)
+    }
 }
 
 /// Turns a user's request into concrete devices, or one clear error saying what is missing.

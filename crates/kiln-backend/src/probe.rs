@@ -57,6 +57,60 @@ pub struct DeviceInfo {
     pub(crate) ordinal: usize,
 }
 
+impl DeviceInfo {
+    /// The device as its user knows it, for a run's report and console (not burn's type
+    /// names): the processor for the CPU ("CPU: AMD EPYC 9R14, 2 threads"), the adapter's name
+    /// for a GPU ("NVIDIA H200"), and a software adapter marked as one ("llvmpipe (software
+    /// Vulkan)"), since it is far slower than either.
+    pub fn human_name(&self) -> String {
+        match self.kind {
+            DeviceKind::Cpu => cpu_name(cpu_model(), cpu_threads()),
+            DeviceKind::Software => {
+                // Mesa's names carry the LLVM version: "llvmpipe (LLVM 15.0.7, 256 bits)".
+                let name = self.name.split(" (").next().unwrap_or(&self.name);
+                format!("{name} (software {})", graphics_api(self.backend))
+            }
+            _ => self.name.clone(),
+        }
+    }
+}
+
+/// Several devices as people name them: "NVIDIA H200", "2 × NVIDIA H200", or each one's name
+/// where they differ.
+pub fn human_names(devices: &[DeviceInfo]) -> String {
+    let names: Vec<String> = devices.iter().map(DeviceInfo::human_name).collect();
+    match names.as_slice() {
+        [] => "no device".to_string(),
+        [one] => one.clone(),
+        [first, rest @ ..] if rest.iter().all(|n| n == first) => {
+            format!("{} × {first}", names.len())
+        }
+        _ => names.join(", "),
+    }
+}
+
+fn cpu_name(model: Option<String>, threads: usize) -> String {
+    let threads = match threads {
+        1 => "1 thread".to_string(),
+        n => format!("{n} threads"),
+    };
+    match model {
+        Some(model) => format!("CPU: {model}, {threads}"),
+        None => format!("CPU, {threads}"),
+    }
+}
+
+/// The graphics API a wgpu-based backend drives (burn's `Wgpu` takes Metal on macOS, Vulkan
+/// elsewhere).
+fn graphics_api(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Metal => "Metal",
+        Backend::Wgpu if cfg!(target_os = "macos") => "Metal",
+        Backend::Wgpu | Backend::Vulkan => "Vulkan",
+        other => other.name(),
+    }
+}
+
 /// One backend's entry in a probe: its devices, or why there are none.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BackendReport {
@@ -209,8 +263,12 @@ fn cpu_model() -> Option<String> {
         .filter(|name| !name.is_empty())
 }
 
+fn cpu_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 fn cpu_device(backend: Backend) -> DeviceInfo {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cpu_threads();
     DeviceInfo {
         backend,
         index: 0,
@@ -614,5 +672,44 @@ mod tests {
             assert!(name.starts_with(&format!("CPU ({model}, ")), "{name}");
         }
         assert!(name.ends_with(" threads)"), "{name}");
+    }
+
+    /// Reports and consoles name devices as their users know them.
+    #[test]
+    fn devices_have_the_names_people_know_them_by() {
+        let device = |backend, name: &str, kind| DeviceInfo {
+            backend,
+            index: 0,
+            name: name.to_string(),
+            kind,
+            memory_bytes: None,
+            detail: String::new(),
+            ordinal: 0,
+        };
+        assert_eq!(
+            cpu_name(Some("AMD EPYC 9R14".into()), 2),
+            "CPU: AMD EPYC 9R14, 2 threads"
+        );
+        assert_eq!(cpu_name(None, 1), "CPU, 1 thread");
+        assert!(
+            (device(Backend::Flex, "CPU (x, 2 threads)", DeviceKind::Cpu).human_name())
+                .starts_with("CPU")
+        );
+        let h200 = device(Backend::Cuda, "NVIDIA H200", DeviceKind::Discrete);
+        assert_eq!(h200.human_name(), "NVIDIA H200");
+        let llvmpipe = device(
+            Backend::Vulkan,
+            "llvmpipe (LLVM 15.0.7, 256 bits)",
+            DeviceKind::Software,
+        );
+        assert_eq!(llvmpipe.human_name(), "llvmpipe (software Vulkan)");
+        assert_eq!(
+            human_names(&[h200.clone(), h200.clone()]),
+            "2 × NVIDIA H200"
+        );
+        assert_eq!(
+            human_names(&[h200, llvmpipe]),
+            "NVIDIA H200, llvmpipe (software Vulkan)"
+        );
     }
 }

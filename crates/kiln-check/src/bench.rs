@@ -221,6 +221,7 @@ fn time_training<B: AutodiffBackend>(
             labels: batch.labels.clone(),
             targets: None,
             skipped: Vec::new(),
+            indices: Vec::new(),
         };
         replica
             .step(vec![step_batch], &plan, 0.01)

@@ -43,6 +43,7 @@ fn seeded_batch<B: Backend>(
         labels: Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [n]), device),
         targets: None,
         skipped: Vec::new(),
+        indices: Vec::new(),
     }
 }
 

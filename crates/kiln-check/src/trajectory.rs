@@ -182,6 +182,7 @@ impl Fixture {
             labels: Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [self.batch]), device),
             targets: None,
             skipped: Vec::new(),
+            indices: Vec::new(),
         }
     }
 }

@@ -99,6 +99,9 @@ pub struct HostBatch {
     pub shape: [usize; 4],
     /// Each image's label; in a mixed batch, its dominant label (the one weighted most).
     pub labels: Vec<i64>,
+    /// Each image's index in the data set, so that evaluation can name the images it gets
+    /// wrong (skipped images leave positions in the batch that no longer say it).
+    pub indices: Vec<usize>,
     /// A mixed batch's soft targets, `[n, classes]`, label smoothing included.
     pub targets: Option<Vec<f32>>,
     /// Images left out of this batch, each with its path and why. A batch whose every image
@@ -168,6 +171,28 @@ impl Loader {
         &self.shared.dataset
     }
 
+    /// Image `index` as a batch of `epoch` holds it before normalization: decoded and
+    /// transformed (a validation loader's resize and crop), so that a report shows the images
+    /// the model saw.
+    pub fn image(&self, epoch: u64, index: usize) -> Result<image::RgbImage, DataError> {
+        let Shared {
+            dataset,
+            pipeline,
+            config,
+        } = &*self.shared;
+        let image = dataset.image(index)?;
+        if let Some(to) = pipeline.too_large(image.dimensions()) {
+            return Err(DataError::ResizeTooLarge {
+                image: dataset.describe(index),
+                from: image.dimensions(),
+                to,
+                max: pipeline.max_pixels(),
+            });
+        }
+        let mut rng = stream(config.seed, Purpose::Augment, epoch, index as u64);
+        Ok(pipeline.transform(image, &mut rng))
+    }
+
     /// The batches of `epoch`, in order.
     pub fn epoch(&self, epoch: u64) -> Batches {
         self.epoch_from(epoch, 0)
@@ -229,6 +254,7 @@ impl EpochPlan {
         let indices = self.indices(batch_index);
         let mut images = Vec::new();
         let mut labels = Vec::with_capacity(indices.len());
+        let mut kept = Vec::with_capacity(indices.len());
         let mut skipped = Vec::new();
         let mut size: Option<(u32, u32)> = None;
         for &index in indices {
@@ -268,12 +294,14 @@ impl EpochPlan {
             images.resize(start + 3 * (dims.0 * dims.1) as usize, 0.0);
             pipeline.write_tensor(&image, &mut images[start..], &mut rng);
             labels.push(dataset.label(index) as i64);
+            kept.push(index);
         }
         let (width, height) = size.unwrap_or((0, 0));
         let mut batch = HostBatch {
             images,
             shape: [labels.len(), 3, height as usize, width as usize],
             labels,
+            indices: kept,
             targets: None,
             skipped,
         };

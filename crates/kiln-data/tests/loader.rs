@@ -218,6 +218,16 @@ fn bad_images_are_skipped_and_counted_or_stop_the_run_naming_the_file() {
             .iter()
             .all(|b| b.images.len() == b.labels.len() * 3 * 36)
     );
+    // Each batch names the images it kept, and the loader gives any of them as its batch
+    // holds it before normalization (a report's thumbnails).
+    let kept: Vec<(usize, i64)> = (batches.iter())
+        .flat_map(|b| b.indices.iter().copied().zip(b.labels.iter().copied()))
+        .collect();
+    assert_eq!(kept.len(), images);
+    for &(index, label) in &kept {
+        assert_eq!(folder.label(index) as i64, label);
+        assert_eq!(loader.image(0, index).unwrap().dimensions(), (6, 6));
+    }
 
     let strict = LoaderConfig {
         on_bad_image: OnBadImage::Error,

@@ -12,6 +12,8 @@ pub struct DeviceBatch<B: Backend> {
     pub labels: Tensor<B, 1, Int>,
     pub targets: Option<Tensor<B, 2>>,
     pub skipped: Vec<DataError>,
+    /// Each image's index in the data set (on the host).
+    pub indices: Vec<usize>,
 }
 
 impl<B: Backend> DeviceBatch<B> {
@@ -38,6 +40,7 @@ pub fn to_device<B: Backend>(batch: HostBatch, device: &B::Device) -> DeviceBatc
         labels: Tensor::from_data(labels, device),
         targets,
         skipped: batch.skipped,
+        indices: batch.indices,
     }
 }
 

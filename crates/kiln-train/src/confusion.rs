@@ -6,7 +6,6 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// Counts of (true class, predicted class) pairs.
@@ -43,7 +42,7 @@ impl Confusion {
         self.counts[label * self.classes + predicted]
     }
 
-    fn row(&self, label: usize) -> u64 {
+    pub fn row(&self, label: usize) -> u64 {
         (0..self.classes).map(|p| self.count(label, p)).sum()
     }
 
@@ -178,60 +177,150 @@ fn csv_field(text: &str) -> String {
 /// (the CSV files hold every class).
 pub const HEAT_MAP_CLASSES: usize = 100;
 
-/// `confusion.svg`: each cell's share of its true class, dark for most, with the class names on
-/// both axes. Drawn for at most [`HEAT_MAP_CLASSES`] classes.
+/// The most classes whose matrix shows its counts in the cells and reads well; beyond, the
+/// report lists the most confused pairs instead.
+pub const COUNTED_CLASSES: usize = 30;
+
+/// `confusion.svg`: the matrix as scikit-learn's `ConfusionMatrixDisplay` draws it (see
+/// [`matrix_svg`]). Drawn for at most [`HEAT_MAP_CLASSES`] classes.
 pub fn heat_map(
     path: &Path,
     confusion: &Confusion,
     names: &[String],
     title: &str,
 ) -> Result<(), String> {
+    match matrix_svg(confusion, names, title) {
+        Some(svg) => std::fs::write(path, svg).map_err(|e| e.to_string()),
+        None => Ok(()),
+    }
+}
+
+/// The matrix as scikit-learn draws it: true classes down, predicted across, class names on
+/// both axes, each cell shaded by its share of its true class (so that a rare class's row
+/// reads as well as a common one's) and, up to [`COUNTED_CLASSES`] classes, holding its count;
+/// hovering a cell tells its count and row share. `None` beyond [`HEAT_MAP_CLASSES`].
+pub fn matrix_svg(confusion: &Confusion, names: &[String], title: &str) -> Option<String> {
     let n = confusion.classes();
     if n == 0 || n > HEAT_MAP_CLASSES {
-        return Ok(());
+        return None;
     }
-    let cell = (600 / n as u32).clamp(6, 60);
-    let margin = 140;
-    let size = (margin + cell * n as u32 + 20, margin + cell * n as u32 + 40);
-    let root = SVGBackend::new(path, size).into_drawing_area();
-    let draw = |e: &dyn std::fmt::Display| e.to_string();
-    root.fill(&WHITE).map_err(|e| draw(&e))?;
-    root.draw(&Text::new(
-        format!("{title} (rows: true class, columns: predicted; share of each row)"),
-        (10, 10),
-        ("sans-serif", 14).into_font(),
-    ))
-    .map_err(|e| draw(&e))?;
-    let font = ("sans-serif", (cell as i32 - 2).clamp(6, 12)).into_font();
-    for (label, name) in names.iter().enumerate().take(n) {
-        let support = confusion.row(label).max(1) as f64;
-        for predicted in 0..n {
-            let share = confusion.count(label, predicted) as f64 / support;
-            let shade = (255.0 * (1.0 - share)).round() as u8;
-            let (x, y) = (
-                (margin + predicted as u32 * cell) as i32,
-                (margin + label as u32 * cell) as i32,
+    let counted = n <= COUNTED_CLASSES;
+    let digits = (0..n * n)
+        .map(|i| confusion.counts[i].to_string().len())
+        .max()
+        .unwrap_or(1);
+    let cell = match counted {
+        true => (640.0 / n as f64)
+            .clamp(26.0, 56.0)
+            .max(7.5 * digits as f64 + 8.0),
+        false => (640.0 / n as f64).clamp(6.0, 26.0),
+    };
+    let font = if counted {
+        12.0
+    } else {
+        (cell - 1.0).min(12.0)
+    };
+    let label: Vec<String> = names.iter().map(|name| short(name, 22)).collect();
+    let longest = label.iter().map(|l| l.chars().count()).max().unwrap_or(1) as f64;
+    let (left, top) = (34.0 + longest * font * 0.6, 34.0);
+    let side = cell * n as f64;
+    let bottom = 34.0 + longest * font * 0.6 * 0.71 + 24.0;
+    let (width, height) = (left + side + 16.0, top + side + bottom);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"confusion\" width=\"{width:.0}\" height=\"{height:.0}\" viewBox=\"0 0 {width:.0} {height:.0}\" font-family=\"system-ui, sans-serif\" font-size=\"{font}\" role=\"img\">\n<title>{}</title>\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left:.0}\" y=\"20\" font-size=\"15\" font-weight=\"600\" fill=\"#333\">{}</text>\n",
+        escape(title),
+        escape(title)
+    );
+    for (row, name) in names.iter().enumerate().take(n) {
+        let support = confusion.row(row);
+        for column in 0..n {
+            let (x, y) = (left + column as f64 * cell, top + row as f64 * cell);
+            svg += &matrix_cell(
+                confusion,
+                names,
+                (row, column),
+                support,
+                (x, y, cell),
+                counted,
             );
-            let colour = RGBColor(shade, shade, 255);
-            root.draw(&Rectangle::new(
-                [(x, y), (x + cell as i32, y + cell as i32)],
-                colour.filled(),
-            ))
-            .map_err(|e| draw(&e))?;
         }
-        let y = (margin + label as u32 * cell) as i32;
-        let name: String = name.chars().take(18).collect();
-        root.draw(&Text::new(name.clone(), (4, y), font.clone()))
-            .map_err(|e| draw(&e))?;
-        let x = (margin + label as u32 * cell) as i32;
-        root.draw(&Text::new(
-            name,
-            (x, margin as i32 - 4),
-            font.clone().transform(FontTransform::Rotate270),
-        ))
-        .map_err(|e| draw(&e))?;
+        let y = top + (row as f64 + 0.5) * cell + font * 0.35;
+        let _ = writeln!(
+            svg,
+            "<text x=\"{:.1}\" y=\"{y:.1}\" text-anchor=\"end\" fill=\"#333\"><title>{}</title>{}</text>",
+            left - 6.0,
+            escape(name),
+            escape(&label[row])
+        );
+        let x = left + (row as f64 + 0.5) * cell;
+        let _ = writeln!(
+            svg,
+            "<text transform=\"translate({x:.1} {:.1}) rotate(-45)\" text-anchor=\"end\" fill=\"#333\"><title>{}</title>{}</text>",
+            top + side + 12.0,
+            escape(name),
+            escape(&label[row])
+        );
     }
-    root.present().map_err(|e| draw(&e))
+    let _ = writeln!(
+        svg,
+        "<rect x=\"{left:.1}\" y=\"{top}\" width=\"{side:.1}\" height=\"{side:.1}\" fill=\"none\" stroke=\"#999\"/>\n<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"13\" fill=\"#333\">Predicted class</text>\n<text transform=\"translate(14 {:.1}) rotate(-90)\" text-anchor=\"middle\" font-size=\"13\" fill=\"#333\">True class</text>\n</svg>",
+        left + side / 2.0,
+        height - 10.0,
+        top + side / 2.0
+    );
+    Some(svg)
+}
+
+/// One cell: shaded by its share of the row, its count written in it where `counted`, and
+/// both in its tooltip.
+fn matrix_cell(
+    confusion: &Confusion,
+    names: &[String],
+    (row, column): (usize, usize),
+    support: u64,
+    (x, y, cell): (f64, f64, f64),
+    counted: bool,
+) -> String {
+    let count = confusion.count(row, column);
+    let share = count as f64 / support.max(1) as f64;
+    // scikit-learn's Blues, from near white to dark blue; white text on the dark half.
+    let mix = |light: f64, dark: f64| (light + (dark - light) * share).round() as u8;
+    let fill = format!(
+        "#{:02x}{:02x}{:02x}",
+        mix(247.0, 8.0),
+        mix(251.0, 48.0),
+        mix(255.0, 107.0)
+    );
+    let text = if share > 0.5 { "white" } else { "#222" };
+    let mut svg = format!(
+        "<g class=\"cell\" data-true=\"{row}\" data-predicted=\"{column}\"><title>true {}, predicted {}: {count} image{} ({:.1}% of {})</title><rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{cell:.1}\" height=\"{cell:.1}\" fill=\"{fill}\"/>",
+        escape(&names[row]),
+        escape(&names[column]),
+        if count == 1 { "" } else { "s" },
+        share * 100.0,
+        escape(&names[row])
+    );
+    if counted {
+        let _ = write!(
+            svg,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"{text}\">{count}</text>",
+            x + cell / 2.0,
+            y + cell / 2.0 + 4.0
+        );
+    }
+    svg + "</g>\n"
+}
+
+/// `name` cut to `max` characters, with an ellipsis where it was longer.
+fn short(name: &str, max: usize) -> String {
+    match name.chars().count() > max {
+        true => name.chars().take(max - 1).chain(['…']).collect(),
+        false => name.to_string(),
+    }
+}
+
+fn escape(text: &str) -> String {
+    crate::plot::escape(text)
 }
 
 #[cfg(test)]
@@ -300,5 +389,25 @@ mod tests {
             text.contains("<svg") && text.contains("b, the second"),
             "{text}"
         );
+        // scikit-learn's drawing: every count in its cell, and the row share on hover.
+        for (label, predicted) in [(0, 0), (0, 1), (1, 2), (2, 2)] {
+            let cell = format!("data-true=\"{label}\" data-predicted=\"{predicted}\">");
+            let count = confusion.count(label, predicted);
+            let after = text.split(&cell).nth(1).unwrap();
+            let after = after.split("</g>").next().unwrap();
+            assert!(after.ends_with(&format!(">{count}</text>")), "{after}");
+        }
+        assert!(
+            text.contains("predicted a: 5 images (83.3% of a)"),
+            "{text}"
+        );
+        // Beyond 30 classes the cells are too small for counts; beyond 100, no matrix.
+        let many = Confusion::from_counts(40, vec![1; 1600]);
+        let names: Vec<String> = (0..40).map(|i| format!("c{i}")).collect();
+        let svg = matrix_svg(&many, &names, "many").unwrap();
+        assert!(!svg.contains(">1</text>"));
+        let too_many = Confusion::from_counts(101, vec![0; 101 * 101]);
+        let names: Vec<String> = (0..101).map(|i| format!("c{i}")).collect();
+        assert!(matrix_svg(&too_many, &names, "too many").is_none());
     }
 }

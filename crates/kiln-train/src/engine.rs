@@ -139,6 +139,7 @@ pub fn train<B: AutodiffBackend>(
         limits: &limits,
         observer,
         stop,
+        device: settled.device.as_deref(),
     };
     panics::catch_out_of_memory(|| {
         let trainer = Trainer::<B>::start(config, placement, resume, cx)?;

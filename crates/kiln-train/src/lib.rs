@@ -8,8 +8,9 @@
 //! - `settle`: the one place where a config's device-dependent defaults are settled.
 //! - `engine`: the epoch loop over a `trainer` (the run in progress: replicas, loaders,
 //!   schedule, position); `loaders` opens the data, `evaluate` validates. Everything a run
-//!   writes goes through the `recorder` (`run_dir`, `checkpoint`, `report`, `tensorboard`,
-//!   `confusion`); `progress` shows the engine's events on a console.
+//!   writes goes through the `recorder` (`run_dir`, `iterations`, `checkpoint`, `report` with
+//!   `figures`, `plot`, `confusion` and `mistakes`, `tensorboard`); `progress` shows the
+//!   engine's events on a console. `compare` puts several runs' records on one page.
 //! - `parallel`: data parallel replicas over devices and machines, each on a thread of its
 //!   own; `collective`: what they exchange.
 //! - `plan`: the memory a step needs, the batch that fits, `batch_size = "auto"` (arithmetic
@@ -21,6 +22,7 @@ pub mod batch;
 pub mod checkpoint;
 pub mod clip;
 pub mod collective;
+pub mod compare;
 pub mod config;
 pub mod confusion;
 pub mod early_stopping;
@@ -28,16 +30,20 @@ pub mod ema;
 pub mod engine;
 pub mod error;
 pub mod evaluate;
+pub mod figures;
 pub mod heartbeat;
+pub mod iterations;
 pub mod launch;
 pub mod loaders;
 pub mod lr_find;
 pub mod measure;
+pub mod mistakes;
 pub mod optim;
 pub mod panics;
 pub mod parallel;
 pub mod param_groups;
 pub mod plan;
+pub mod plot;
 pub mod predict;
 pub mod progress;
 pub mod recorder;

@@ -94,6 +94,7 @@ fn random_batch(n: usize, (width, height): (u32, u32), classes: usize, seed: usi
         images,
         shape,
         labels: (0..n).map(|i| ((i + seed) % classes) as i64).collect(),
+        indices: (0..n).collect(),
         targets: None,
         skipped: Vec::new(),
     }

@@ -722,6 +722,7 @@ pub fn split(batch: HostBatch, parts: usize) -> Vec<HostBatch> {
                 images: batch.images[range.start * per_image..range.end * per_image].to_vec(),
                 shape: [range.len(), c, h, w],
                 labels: batch.labels[range.clone()].to_vec(),
+                indices: batch.indices[range.clone()].to_vec(),
                 targets: (batch.targets.as_ref())
                     .map(|t| t[range.start * classes..range.end * classes].to_vec()),
                 skipped: skipped.take().unwrap_or_default(),
@@ -757,6 +758,7 @@ mod tests {
             images: (0..n * 3).map(|i| i as f32).collect(),
             shape: [n, 3, 1, 1],
             labels: (0..n as i64).collect(),
+            indices: (0..n).collect(),
             targets: Some((0..n * 2).map(|i| i as f32).collect()),
             skipped: Vec::new(),
         }

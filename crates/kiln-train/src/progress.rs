@@ -33,6 +33,8 @@ pub struct Console {
     heartbeat: Option<Heartbeat>,
     /// Lines about the device to show when the run starts (no cuDNN on CUDA, ...).
     notes: Vec<String>,
+    /// The devices as people know them, shown when the run starts.
+    device: Option<String>,
 }
 
 /// A thread that says every 15 s that the first step is still running.
@@ -93,7 +95,14 @@ impl Console {
             compiles_kernels,
             heartbeat: None,
             notes: Vec::new(),
+            device: None,
         }
+    }
+
+    /// Names the run's devices (as people know them) when the run starts.
+    pub fn with_device(mut self, name: String) -> Self {
+        self.device = Some(name);
+        self
     }
 
     /// Shows `notes` (one line each, about the device) when the run starts.
@@ -137,6 +146,9 @@ impl Console {
         }
         if let Some(from) = resumed_from {
             self.line(format!("resuming from {}", from.display()));
+        }
+        if let Some(device) = &self.device {
+            self.line(format!("device: {device}"));
         }
         let val = val_images.map_or("no validation set".into(), |n| {
             format!("{n} validation images")

@@ -1,11 +1,13 @@
-//! Everything a run writes into its folder, behind one writer: the class names, the running
-//! loss in TensorBoard, and at each epoch's end the history, the per-class files, `report.html`,
-//! TensorBoard's epoch scalars and the checkpoint. The loop calls it; nothing else writes there.
+//! Everything a run writes into its folder, behind one writer: the class names, every step's
+//! loss (`iterations.csv`), the running loss in TensorBoard, and at each epoch's end the history,
+//! the plots, the per-class files and mistakes, `report.html`, TensorBoard's epoch scalars and
+//! the checkpoint. The loop calls it; nothing else writes there.
 
 use std::path::PathBuf;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
+use kiln_data::Loader;
 use kiln_models::weights;
 
 use crate::checkpoint::{self, Position};
@@ -13,6 +15,9 @@ use crate::config::TrainConfig;
 use crate::engine::Reading;
 use crate::error::{TrainError, io_error};
 use crate::evaluate::Evaluation;
+use crate::figures::Figures;
+use crate::iterations::{IterationLog, StepLoss};
+use crate::mistakes::{self, SHOWN};
 use crate::parallel::Replicas;
 use crate::report::{ReportInputs, report_html};
 use crate::run_dir::{EpochSummary, RunDir, write_atomically};
@@ -25,7 +30,9 @@ pub struct Recorder<'a> {
     run: &'a RunDir,
     /// The run's TensorBoard file, where `logging.tensorboard` asks for one.
     board: Option<EventWriter>,
-    /// The backend and devices, as the report names them.
+    /// `iterations.csv`, once opened.
+    steps: Option<IterationLog>,
+    /// The devices, as the report names them.
     devices: String,
 }
 
@@ -36,17 +43,29 @@ impl<'a> Recorder<'a> {
             config,
             run,
             board: None,
+            steps: None,
             devices,
         }
     }
 
-    /// Opens the TensorBoard file, where `logging.tensorboard` asks for one: a new run's starts
-    /// with the config as text; a resumed run's is cut back to the iteration it resumes from.
-    pub fn open_board(&mut self, resume_at: Option<usize>) -> Result<(), TrainError> {
+    /// Opens the records that grow step by step: `iterations.csv`, and the TensorBoard file
+    /// where `logging.tensorboard` asks for one (a new run's starts with the config as text). A
+    /// resumed run's are cut back to the iteration it resumes from.
+    pub fn open(&mut self, resume_at: Option<usize>) -> Result<(), TrainError> {
+        let path = self.run.path.join("iterations.csv");
+        self.steps = Some(IterationLog::open(&path, resume_at).map_err(io_error(&path))?);
         if self.config.logging.tensorboard {
             self.board = Some(open_board(self.config, self.run, resume_at)?);
         }
         Ok(())
+    }
+
+    /// Steps read from the device: each one's loss and learning rate in `iterations.csv`.
+    pub fn steps(&mut self, steps: &[StepLoss]) -> Result<(), TrainError> {
+        match &mut self.steps {
+            Some(log) => (log.append(steps)).map_err(io_error(&self.run.path)),
+            None => Ok(()),
+        }
     }
 
     pub fn classes(&self, names: &[String]) -> Result<(), TrainError> {
@@ -69,17 +88,19 @@ impl<'a> Recorder<'a> {
             .map_err(io_error(&self.run.path))
     }
 
-    /// What an epoch's end writes before its checkpoint: the per-class files of `exported`
-    /// (the evaluation of the weights the run exports), the history with the learning rate
-    /// over the iterations so far, the report and TensorBoard's epoch scalars. `history` ends
-    /// with the epoch's summary.
+    /// What an epoch's end writes before its checkpoint: the per-class files and mistakes of
+    /// `exported` (the evaluation of the weights the run exports; `val` decodes its images),
+    /// the history and plots, the report and TensorBoard's epoch scalars. `history` ends with
+    /// the epoch's summary.
     pub fn epoch(
         &mut self,
         history: &[EpochSummary],
         exported: Option<&Evaluation>,
         schedule: &Schedule,
+        val: Option<&Loader>,
     ) -> Result<(), TrainError> {
         let (summary, before) = history.split_last().expect("the epoch's summary");
+        let mut mistakes = String::new();
         if let Some(v) = exported {
             let best = (before.iter())
                 .filter_map(|s| exported_top1(self.config, s))
@@ -87,15 +108,21 @@ impl<'a> Recorder<'a> {
             (self.run)
                 .write_per_class(&v.confusion, &v.class_names, summary.epoch, best)
                 .map_err(self.io())?;
+            if let Some(loader) = val {
+                mistakes = self.mistakes(v, history, best, loader)?;
+            }
         }
-        (self.run)
-            .write_history(history, &lr_trace(schedule, summary.iteration))
-            .map_err(self.io())?;
+        self.run.write_history(history).map_err(self.io())?;
+        let steps = self.steps.as_ref().map_or(&[][..], IterationLog::rows);
+        let figures = Figures::new(history, steps, &lr_trace(schedule, summary.iteration));
+        self.run.write_plots(&figures).map_err(self.io())?;
         let inputs = ReportInputs {
             run: &self.run.path,
             history,
             device: &self.devices,
             per_class: exported.map(|v| (&v.confusion, v.class_names.as_slice())),
+            figures: &figures,
+            mistakes: &mistakes,
         };
         let page = report_html(self.config, &inputs);
         write_atomically(&self.run.path.join("report.html"), page.as_bytes()).map_err(self.io())?;
@@ -103,6 +130,35 @@ impl<'a> Recorder<'a> {
             write_epoch(board, summary).map_err(io_error(&self.run.path))?;
         }
         Ok(())
+    }
+
+    /// Writes the epoch's `mistakes.csv` (and `best/`'s where it is the best epoch), and
+    /// returns the page's galleries: this epoch's, and the best epoch's when that was earlier.
+    fn mistakes(
+        &self,
+        v: &Evaluation,
+        history: &[EpochSummary],
+        best: bool,
+        loader: &Loader,
+    ) -> Result<String, TrainError> {
+        let names = &v.class_names;
+        let chosen = mistakes::select(&v.predictions, SHOWN);
+        let csv = mistakes::csv(&chosen, names, loader);
+        self.run.write_mistakes(&csv, best).map_err(self.io())?;
+        let epoch = history.last().map_or(0, |s| s.epoch);
+        let heading = match best {
+            true => format!("Epoch {epoch}, the last and the best"),
+            false => format!("Epoch {epoch}, the last"),
+        };
+        let mut html = mistakes::section(&heading, &chosen, names, loader);
+        let best_csv = std::fs::read_to_string(self.run.path.join("best/mistakes.csv"));
+        if let (false, Some(best_epoch), Ok(text)) =
+            (best, best_epoch(self.config, history), best_csv)
+        {
+            let heading = format!("Epoch {best_epoch}, the best");
+            html += &mistakes::section(&heading, &mistakes::parse_csv(&text), names, loader);
+        }
+        Ok(html)
     }
 
     /// Writes replica 0's model, optimizer state and weights' average with `position` as
@@ -113,6 +169,10 @@ impl<'a> Recorder<'a> {
         name: String,
         position: &Position,
     ) -> Result<PathBuf, TrainError> {
+        if let Some(log) = &self.steps {
+            // The steps the checkpoint resumes after are on disk before it is.
+            log.sync().map_err(io_error(&self.run.path))?;
+        }
         let (dir, mut position) = (self.run.checkpoints(), position.clone());
         replicas.with_first(move |replica| {
             position.ema_averaged = replica.ema.as_ref().map(|e| e.averaged);
@@ -180,12 +240,27 @@ pub fn exported_top1(config: &TrainConfig, summary: &EpochSummary) -> Option<f64
     }
 }
 
-/// The learning rate at up to 500 evenly spread iterations, for the plot.
-fn lr_trace(schedule: &Schedule, iterations: usize) -> Vec<(usize, f64)> {
+/// The epoch whose exported weights first reached the best top-1 (the one `best/` holds).
+fn best_epoch(config: &TrainConfig, history: &[EpochSummary]) -> Option<usize> {
+    let mut best: Option<(usize, f64)> = None;
+    for summary in history {
+        if let Some(top1) = exported_top1(config, summary)
+            && best.is_none_or(|(_, b)| top1 > b)
+        {
+            best = Some((summary.epoch, top1));
+        }
+    }
+    best.map(|(epoch, _)| epoch)
+}
+
+/// The learning rate of up to 500 evenly spread steps, at (epoch, rate): step `i + 1` ends at
+/// `(i + 1) / iterations per epoch` and takes `schedule.lr(i)`.
+fn lr_trace(schedule: &Schedule, iterations: usize) -> Vec<(f64, f64)> {
     let step = (iterations / 500).max(1);
+    let per_epoch = schedule.iterations_per_epoch() as f64;
     (0..iterations)
         .step_by(step)
-        .map(|i| (i, schedule.lr(i)))
+        .map(|i| ((i + 1) as f64 / per_epoch, schedule.lr(i)))
         .collect()
 }
 

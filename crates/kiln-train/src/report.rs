@@ -1,33 +1,35 @@
-//! `report.html`: a run on one self-contained page (no script, no network): how it ended, its
-//! best epoch, timing and device, the plots (the run's SVG files inlined), the per-class table,
-//! every epoch, and the config. Rewritten at every epoch end.
+//! `report.html`: a run on one self-contained page (no script, nothing fetched; links only
+//! to the run folder's own files): how it ended, its best epoch, timing and device, the plots
+//! (the run's SVG files inlined), the confusion matrix with its counts, the images it gets
+//! most confidently wrong, the per-class table, every epoch, and the config. Rewritten at every
+//! epoch end.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::config::TrainConfig;
-use crate::confusion::Confusion;
+use crate::confusion::{COUNTED_CLASSES, Confusion, matrix_svg};
+use crate::figures::Figures;
+use crate::plot::escape;
 use crate::run_dir::EpochSummary;
 
-/// What the page shows beyond the config and the history.
+/// What the page shows beyond the config.
 pub struct ReportInputs<'a> {
     pub run: &'a Path,
     pub history: &'a [EpochSummary],
-    /// The devices the run trains on, as people read them.
+    /// The devices the run trains on, as people know them.
     pub device: &'a str,
     /// The last validated epoch's confusion matrix and class names.
     pub per_class: Option<(&'a Confusion, &'a [String])>,
+    pub figures: &'a Figures,
+    /// The mistakes' galleries (see `mistakes::section`), last epoch and best.
+    pub mistakes: &'a str,
 }
 
 /// The page's HTML.
 pub fn report_html(config: &TrainConfig, inputs: &ReportInputs) -> String {
     let history = inputs.history;
-    let mut page = String::new();
-    let title = format!("kiln run {}", escape(&config.name));
-    let _ = write!(
-        page,
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{title}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<h1>{title}</h1>\n"
-    );
+    let mut page = page_head(&format!("kiln run {}", config.name));
     let folder = inputs.run.display().to_string();
     let _ = writeln!(
         page,
@@ -40,20 +42,23 @@ pub fn report_html(config: &TrainConfig, inputs: &ReportInputs) -> String {
         escape(inputs.device)
     );
     page += &headline(history);
-    page += "<h2>Plots</h2>\n<div class=\"plots\">\n";
-    for file in ["loss.svg", "accuracy.svg", "lr.svg", "confusion.svg"] {
-        if let Some(svg) = inline_svg(&inputs.run.join(file)) {
-            let _ = writeln!(
-                page,
-                "<figure>{svg}<figcaption>{file}</figcaption></figure>"
-            );
-        }
-    }
-    page += "</div>\n";
+    let figures = inputs.figures;
+    let _ = writeln!(
+        page,
+        "<h2>Plots</h2>\n<div class=\"plots\">\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n</div>",
+        figures.loss, figures.accuracy, figures.lr
+    );
     if let Some((confusion, names)) = inputs.per_class {
-        page += &per_class_table(confusion, names);
+        let epoch = history.last().map_or(0, |s| s.epoch);
+        page += &confusion_section(confusion, names, epoch);
+    }
+    if !inputs.mistakes.is_empty() {
+        page += "<h2>Mistakes</h2>\n<p class=\"where\">Validation images as the model sees them \
+            (before normalization); hover one for its file.</p>\n";
+        page += inputs.mistakes;
     }
     page += &epoch_table(history);
+    page += &files(inputs.run);
     let _ = write!(
         page,
         "<h2>Config</h2>\n<pre>{}</pre>\n</body>\n</html>\n",
@@ -62,15 +67,107 @@ pub fn report_html(config: &TrainConfig, inputs: &ReportInputs) -> String {
     page
 }
 
-const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}\
-h1{font-size:1.6em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ccc}\
+/// A page's start: its title, styles and heading.
+pub fn page_head(title: &str) -> String {
+    let title = escape(title);
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{title}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<h1>{title}</h1>\n"
+    )
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1120px;padding:0 1em;color:#222}\
+h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #ccc}\
+h3{font-size:1.1em;margin-bottom:.2em}h4{font-size:1em;margin:.8em 0 .3em;color:#444}\
 .where{color:#555}table{border-collapse:collapse;margin:.5em 0}\
 td,th{padding:.25em .7em;border-bottom:1px solid #e4e4e4;text-align:right}\
 th:first-child,td:first-child{text-align:left}.cards{display:flex;gap:1em;flex-wrap:wrap}\
 .card{border:1px solid #ddd;border-radius:6px;padding:.6em 1em;min-width:9em}\
 .card b{display:block;font-size:1.4em}.plots{display:flex;flex-wrap:wrap;gap:1em}\
-figure{margin:0}figure svg{max-width:100%;height:auto}figcaption{color:#777;font-size:.8em}\
-pre{background:#f6f6f6;padding:1em;overflow:auto}";
+.side{display:flex;flex-wrap:wrap;gap:2em;align-items:flex-start}\
+figure{margin:0}figure svg{max-width:100%;height:auto}\
+.gallery{display:flex;flex-wrap:wrap;gap:.6em}.thumb{width:112px;font-size:12px;text-align:center}\
+.thumb img{display:block;margin:0 auto 2px;background:#eee}img.pixels{image-rendering:pixelated}\
+b.wrong{color:#D55E00}b.right{color:#009E73}.unreadable{font-size:12px;color:#a00}\
+table.differences td{text-align:left}pre{background:#f6f6f6;padding:1em;overflow:auto}";
+
+/// The last epoch's matrix with its counts where it reads (up to 30 classes; beyond, the 20
+/// most confused pairs), beside the per-class table.
+fn confusion_section(confusion: &Confusion, names: &[String], epoch: usize) -> String {
+    let mut html = String::from("<h2>Per class (last epoch)</h2>\n<div class=\"side\">\n");
+    if confusion.classes() <= COUNTED_CLASSES {
+        let title = format!("Confusion matrix, validation, epoch {epoch}");
+        if let Some(svg) = matrix_svg(confusion, names, &title) {
+            let _ = writeln!(html, "<figure>{svg}</figure>");
+        }
+    } else {
+        html += &confused_pairs(confusion, names, 20);
+    }
+    html += &per_class_table(confusion, names);
+    html + "</div>\n"
+}
+
+/// The `k` most confused (true, predicted) pairs as a table.
+fn confused_pairs(confusion: &Confusion, names: &[String], k: usize) -> String {
+    let pairs = confusion.most_confused(k);
+    let mut html = format!(
+        "<table class=\"pairs\">\n<caption>The {} most confused pairs</caption>\n<tr><th>true class</th><th>predicted</th><th>images</th><th>share of the true class</th></tr>\n",
+        pairs.len()
+    );
+    let per_class = confusion.per_class();
+    for (label, predicted, count) in pairs {
+        let support = per_class[label].support.max(1) as f64;
+        let _ = writeln!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>{count}</td><td>{:.1}%</td></tr>",
+            escape(&names[label]),
+            escape(&names[predicted]),
+            count as f64 / support * 100.0
+        );
+    }
+    html + "</table>\n"
+}
+
+/// Links to the run folder's files, relative, so that the page works wherever the folder is.
+fn files(run: &Path) -> String {
+    const FILES: [(&str, &str); 16] = [
+        ("metrics.csv", "every epoch's figures (also metrics.jsonl)"),
+        (
+            "iterations.csv",
+            "every step's training loss and learning rate",
+        ),
+        ("loss.svg", "the loss plot"),
+        ("accuracy.svg", "the accuracy plot"),
+        ("lr.svg", "the learning-rate plot"),
+        ("confusion.csv", "the last epoch's confusion matrix"),
+        (
+            "per_class.csv",
+            "the last epoch's precision, recall and F1 per class",
+        ),
+        ("mistakes.csv", "the last epoch's mistakes shown above"),
+        ("confusion.svg", "the confusion matrix"),
+        ("best/", "the same files for the best epoch"),
+        ("config.toml", "the config the run trains with"),
+        ("classes.txt", "the class names, in the model's order"),
+        (
+            "tensorboard/",
+            "TensorBoard's records (tensorboard --logdir)",
+        ),
+        ("checkpoints/", "checkpoints, to resume from"),
+        (
+            "model.safetensors",
+            "the trained weights (written when the run ends)",
+        ),
+        ("summary.txt", "how the run ended (written when it ends)"),
+    ];
+    let mut html = String::from("<h2>Files</h2>\n<ul class=\"files\">\n");
+    for (file, what) in FILES {
+        let ends = file.starts_with("model") || file.starts_with("summary");
+        if ends || run.join(file).exists() {
+            let _ = writeln!(html, "<li><a href=\"{file}\">{file}</a>: {what}</li>");
+        }
+    }
+    html + "</ul>\n"
+}
 
 /// Cards: the last epoch's figures, the best validation top-1, speed, step time and memory.
 fn headline(history: &[EpochSummary]) -> String {
@@ -135,7 +232,7 @@ fn headline(history: &[EpochSummary]) -> String {
 
 fn per_class_table(confusion: &Confusion, names: &[String]) -> String {
     let mut html = String::from(
-        "<h2>Per class (last epoch)</h2>\n<table>\n<tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>\n",
+        "<div>\n<table>\n<tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>\n",
     );
     for (name, r) in names.iter().zip(confusion.per_class()) {
         let _ = writeln!(
@@ -159,7 +256,7 @@ fn per_class_table(confusion: &Confusion, names: &[String]) -> String {
         html += &pairs.join(", ");
         html += "</p>\n";
     }
-    html
+    html + "</div>\n"
 }
 
 fn epoch_table(history: &[EpochSummary]) -> String {
@@ -184,19 +281,4 @@ fn epoch_table(history: &[EpochSummary]) -> String {
         );
     }
     html + "</table>\n"
-}
-
-/// An SVG file's markup, without its XML declaration, to inline; `None` if it is not there.
-fn inline_svg(path: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let start = text.find("<svg")?;
-    Some(text[start..].to_string())
-}
-
-/// Text as HTML shows it literally.
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }

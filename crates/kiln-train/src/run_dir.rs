@@ -1,5 +1,6 @@
 //! The run directory `runs/<name>-<timestamp>/`: the resolved config, metrics as JSON lines and
-//! CSV, SVG plots refreshed every epoch, checkpoints, the final model and a summary.
+//! CSV, SVG plots refreshed every epoch, checkpoints, the final model and a summary. Every
+//! step's loss (`iterations.csv`) is kept by `iterations`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -9,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ConfigError, TrainConfig};
 use crate::confusion::{Confusion, heat_map};
+use crate::figures::Figures;
 
 /// What an epoch came to. `val_*` are absent without a validation set.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -149,11 +151,7 @@ impl RunDir {
     }
 
     /// Rewrites the metrics to hold exactly `history`: the epochs a resumed run keeps.
-    pub fn write_history(
-        &self,
-        history: &[EpochSummary],
-        lr_trace: &[(usize, f64)],
-    ) -> std::io::Result<()> {
+    pub fn write_history(&self, history: &[EpochSummary]) -> std::io::Result<()> {
         let mut jsonl = Vec::new();
         for summary in history {
             serde_json::to_writer(&mut jsonl, summary)?;
@@ -189,48 +187,30 @@ impl RunDir {
                 opt(s.val_macro_f1),
             );
         }
-        write_atomically(&self.path.join("metrics.csv"), csv.as_bytes())?;
-        self.plot(history, lr_trace);
+        write_atomically(&self.path.join("metrics.csv"), csv.as_bytes())
+    }
+
+    /// `loss.svg`, `accuracy.svg` and `lr.svg`.
+    pub fn write_plots(&self, figures: &Figures) -> std::io::Result<()> {
+        for (file, svg) in [
+            ("loss.svg", &figures.loss),
+            ("accuracy.svg", &figures.accuracy),
+            ("lr.svg", &figures.lr),
+        ] {
+            write_atomically(&self.path.join(file), svg.as_bytes())?;
+        }
         Ok(())
     }
 
-    /// Loss, accuracy and learning-rate plots as SVG. A plot that fails to draw is skipped:
-    /// plots are a convenience, the metrics files are the record.
-    fn plot(&self, history: &[EpochSummary], lr_trace: &[(usize, f64)]) {
-        let epochs: Vec<f64> = history.iter().map(|s| s.epoch as f64).collect();
-        let series = |f: &dyn Fn(&EpochSummary) -> Option<f64>| -> Vec<(f64, f64)> {
-            history
-                .iter()
-                .zip(&epochs)
-                .filter_map(|(s, &e)| f(s).map(|v| (e, v)))
-                .collect()
-        };
-        let _ = line_plot(
-            &self.path.join("loss.svg"),
-            "loss",
-            "epoch",
-            &[
-                ("train", series(&|s| Some(s.train_loss))),
-                ("validation", series(&|s| s.val_loss)),
-            ],
-        );
-        let _ = line_plot(
-            &self.path.join("accuracy.svg"),
-            "accuracy",
-            "epoch",
-            &[
-                ("train", series(&|s| Some(s.train_accuracy))),
-                ("validation top-1", series(&|s| s.val_top1)),
-                ("validation top-5", series(&|s| s.val_top5)),
-            ],
-        );
-        let lr: Vec<(f64, f64)> = lr_trace.iter().map(|&(i, lr)| (i as f64, lr)).collect();
-        let _ = line_plot(
-            &self.path.join("lr.svg"),
-            "learning rate",
-            "iteration",
-            &[("lr", lr)],
-        );
+    /// The last epoch's `mistakes.csv` (see `mistakes`), and where it is the best epoch so
+    /// far, the same in `best/`.
+    pub fn write_mistakes(&self, csv: &str, best: bool) -> std::io::Result<()> {
+        write_atomically(&self.path.join("mistakes.csv"), csv.as_bytes())?;
+        if best {
+            std::fs::create_dir_all(self.path.join("best"))?;
+            write_atomically(&self.path.join("best/mistakes.csv"), csv.as_bytes())?;
+        }
+        Ok(())
     }
 
     /// The per-class results of the epoch just validated: `confusion.csv`, `per_class.csv` and
@@ -405,7 +385,7 @@ pub fn summary_text(
         text += &format!("{ending}\n");
     }
     text += &format!(
-        "model: {} (torchvision names)\nmetrics: metrics.jsonl, metrics.csv; plots: loss.svg, accuracy.svg, lr.svg\nper class (last epoch; best epoch in best/): confusion.csv, per_class.csv, confusion.svg\ncheckpoints: checkpoints/\n",
+        "model: {} (torchvision names)\nmetrics: metrics.jsonl, metrics.csv, iterations.csv (every step); plots: loss.svg, accuracy.svg, lr.svg; all of it on one page: report.html\nper class (last epoch; best epoch in best/): confusion.csv, per_class.csv, confusion.svg, mistakes.csv\ncheckpoints: checkpoints/\n",
         model.display()
     );
     text

@@ -28,6 +28,11 @@ impl Schedule {
         }
     }
 
+    /// Optimizer steps per epoch.
+    pub fn iterations_per_epoch(&self) -> usize {
+        self.iterations_per_epoch
+    }
+
     /// The learning rate for iteration `it` (counted from 0 over the whole run).
     pub fn lr(&self, it: usize) -> f64 {
         let c = &self.config;

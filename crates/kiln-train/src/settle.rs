@@ -41,6 +41,19 @@ pub struct Settled {
     pub auto: Option<AutoBatch>,
     /// The memory the plan was checked against.
     pub budget: Option<Budget>,
+    /// The devices as people know them ("NVIDIA H200"), for the report, where the caller
+    /// named them (kiln-train knows no concrete device): see `with_device`.
+    pub device: Option<String>,
+}
+
+impl Settled {
+    /// The same, on devices that people know as `name`.
+    pub fn with_device(self, name: String) -> Self {
+        Self {
+            device: Some(name),
+            ..self
+        }
+    }
 }
 
 /// GPU runs are long and a kill would lose a whole epoch: they checkpoint every half hour
@@ -76,6 +89,7 @@ pub fn settle(
         plan,
         auto,
         budget,
+        device: None,
     })
 }
 

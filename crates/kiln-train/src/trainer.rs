@@ -21,6 +21,7 @@ use crate::ema::Ema;
 use crate::engine::{Event, Limits, Observer, Outcome, Reading, over_memory};
 use crate::error::TrainError;
 use crate::evaluate::{Evaluation, evaluate};
+use crate::iterations::StepLoss;
 use crate::loaders::{loaders, shard};
 use crate::optim::AnyOptimizer;
 use crate::parallel::{Asks, Placement, Replicas};
@@ -38,6 +39,8 @@ pub struct Context<'a> {
     pub observer: &'a mut dyn Observer,
     /// Set by Ctrl-C: the run ends after the current step with a checkpoint.
     pub stop: &'a AtomicBool,
+    /// The devices as people know them, where the caller named them (see `Settled::device`).
+    pub device: Option<&'a str>,
 }
 
 pub struct Trainer<'a, B: AutodiffBackend> {
@@ -74,7 +77,8 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         let device = placement.devices[0].clone();
         B::seed(&device, config.seed);
         let (train_loader, val_loader) = loaders(config, shard(&placement))?;
-        let mut recorder = Recorder::new(config, cx.run, describe_devices::<B>(&placement));
+        let devices = describe_devices::<B>(&placement, cx.device);
+        let mut recorder = Recorder::new(config, cx.run, devices);
         recorder.classes(train_loader.dataset().classes())?;
         let in_use_before_model = cx.memory.current().unwrap_or(0);
         let (mut replicas, groups) = build_replicas(config, train_loader.dataset(), &placement)?;
@@ -92,7 +96,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         if config.ema.is_some() {
             start_ema(&mut replicas, resumed_from.clone(), position.ema_averaged)?;
         }
-        recorder.open_board(resume.then_some(position.iteration))?;
+        recorder.open(resume.then_some(position.iteration))?;
         cx.observer.event(Event::Started {
             run_dir: &cx.run.path,
             train_images: train_loader.dataset().len(),
@@ -191,8 +195,8 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         self.position.epoch = epoch + 1;
         self.position.batch = 0;
         self.position.loss_scale = self.replicas.loss_scaler()?;
-        self.recorder
-            .epoch(&self.history, exported, &self.schedule)?;
+        let val = self.val_loader.as_ref();
+        (self.recorder).epoch(&self.history, exported, &self.schedule, val)?;
         self.cx.observer.event(Event::Epoch(&summary));
         let every = self.config.checkpoints.every_epochs;
         if self.position.epoch.is_multiple_of(every) || self.position.epoch == self.config.epochs {
@@ -290,8 +294,17 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
     fn read_window(&mut self, window: &mut Window, epoch: usize) -> Result<Reading, TrainError> {
         let stats: Vec<StepStats> = self.replicas.take_stats()?;
         let first_iteration = (self.position.iteration + 1).saturating_sub(stats.len());
+        let per_epoch = self.schedule.iterations_per_epoch() as f64;
+        let mut steps = Vec::with_capacity(stats.len());
         for (offset, step) in stats.iter().enumerate().filter(|(_, s)| s.images > 0) {
             let loss = step.loss_sum / step.images as f64;
+            let iteration = first_iteration + offset;
+            steps.push(StepLoss {
+                iteration,
+                epoch: iteration as f64 / per_epoch,
+                loss,
+                lr: self.schedule.lr(iteration.saturating_sub(1)),
+            });
             if !loss.is_finite() {
                 return Err(TrainError::NonFinite {
                     epoch: epoch + 1,
@@ -306,6 +319,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             window.loss_sum += loss * step.images as f64;
             window.images += step.images;
         }
+        self.recorder.steps(&steps)?;
         Ok(window.read())
     }
 
@@ -620,16 +634,25 @@ fn add_validation(
     }
 }
 
-/// The backend and devices of a run, as its report shows them.
-fn describe_devices<B: AutodiffBackend>(placement: &Placement<B::Device>) -> String {
-    let devices: Vec<String> = placement.devices.iter().map(|d| format!("{d:?}")).collect();
-    let machines = match &placement.cluster {
-        Some(cluster) => format!(" on each of {} machines", cluster.nodes),
-        None => String::new(),
+/// The devices of a run, as its report shows them: as people know them where the caller
+/// named them (`named`), else as burn names them.
+fn describe_devices<B: AutodiffBackend>(
+    placement: &Placement<B::Device>,
+    named: Option<&str>,
+) -> String {
+    let devices = match named {
+        Some(name) => name.to_string(),
+        None => {
+            let devices: Vec<String> = placement.devices.iter().map(|d| format!("{d:?}")).collect();
+            format!(
+                "{} ({})",
+                B::name(&placement.devices[0]),
+                devices.join(", ")
+            )
+        }
     };
-    format!(
-        "{} ({}){machines}",
-        B::name(&placement.devices[0]),
-        devices.join(", ")
-    )
+    match &placement.cluster {
+        Some(cluster) => format!("{devices} on each of {} machines", cluster.nodes),
+        None => devices,
+    }
 }

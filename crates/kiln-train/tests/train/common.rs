@@ -71,3 +71,69 @@ pub fn flat_parameters<Bk: Backend>(model: &ResNet<Bk>) -> Vec<f32> {
         .flat_map(|data| data.convert::<f32>().to_vec::<f32>().unwrap())
         .collect()
 }
+
+/// A headless Chromium, where one is installed (CI installs `chromium`); tests that render pages
+/// say so and skip their browser checks without one.
+pub fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| {
+            std::process::Command::new(b)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+}
+
+/// Runs `browser` headless with `args` and then `file://page`, ended if it takes over a minute;
+/// its standard output.
+pub fn run_browser(browser: &str, args: &[String], page: &Path) -> String {
+    let mut child = std::process::Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+        ])
+        .args(args)
+        .arg(format!("file://{}", page.display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut text).unwrap();
+        text
+    });
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!(
+                "{browser} did not render {} within a minute",
+                page.display()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    reader.join().unwrap()
+}
+
+/// `page`'s document as a browser has rendered it, with one line of script added that counts
+/// the images it decoded (`data-images="loaded/all"` on `<body>`); `None` without Chromium.
+pub fn rendered_dom(page: &Path) -> Option<String> {
+    let browser = chromium()?;
+    let html = std::fs::read_to_string(page).unwrap();
+    let counter = "<script>window.addEventListener('load', () => { const all = [...document.images]; \
+        const loaded = all.filter(i => i.complete && i.naturalWidth > 0).length; \
+        document.body.setAttribute('data-images', loaded + '/' + all.length); });</script>";
+    let probe = page.with_extension("probe.html");
+    std::fs::write(
+        &probe,
+        html.replace("</body>", &format!("{counter}</body>")),
+    )
+    .unwrap();
+    Some(run_browser(browser, &["--dump-dom".to_string()], &probe))
+}

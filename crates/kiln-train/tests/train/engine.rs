@@ -195,50 +195,32 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
         "{report}"
     );
     assert!(report.contains(&config.name) && report.contains("[optimizer]"));
-    for outside in ["src=", "href=", "<script", "url("] {
+    // Nothing fetched from elsewhere: images are data URIs, links lead into the run folder.
+    for outside in ["<script", "url(", "src=\"http", "href=\"http", "href=\"/"] {
         assert!(!report.contains(outside), "{outside} in the report");
     }
+    assert!((report.split(" src=\"").skip(1)).all(|s| s.starts_with("data:image/png;base64,")));
+    assert!((report.split(" href=\"").skip(1)).all(|s| !s[..s.find('"').unwrap()].contains(':')));
+    // Every step's loss, as the uninterrupted run recorded it.
+    let steps = |run: &RunDir| std::fs::read_to_string(run.path.join("iterations.csv")).unwrap();
+    assert_eq!(steps(&interrupted), steps(&whole));
+    assert_eq!(steps(&whole).lines().count(), 1 + 18);
     render_in_a_browser(&interrupted.path.join("report.html"));
 }
 
 /// Renders `page` with a headless Chromium where one is installed, and checks it drew a
 /// screenshot; says so and returns where none is.
 fn render_in_a_browser(page: &std::path::Path) {
-    let browser = ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|b| {
-            std::process::Command::new(b)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        });
-    let Some(browser) = browser else {
+    let Some(browser) = common::chromium() else {
         println!("no Chromium here: report.html not rendered");
         return;
     };
     let shot = page.with_file_name("report.png");
-    let mut child = std::process::Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-        ])
-        .arg("--window-size=1200,1600")
-        .arg(format!("--screenshot={}", shot.display()))
-        .arg(format!("file://{}", page.display()))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = std::time::Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > std::time::Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("{browser} did not render the report within a minute");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let args = [
+        "--window-size=1200,1600".to_string(),
+        format!("--screenshot={}", shot.display()),
+    ];
+    common::run_browser(browser, &args, page);
     let png = std::fs::read(&shot).unwrap();
     assert!(
         png.starts_with(b"\x89PNG") && png.len() > 10_000,

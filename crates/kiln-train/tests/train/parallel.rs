@@ -240,6 +240,7 @@ fn a_replica_that_fails_ends_the_step_with_its_error_while_the_other_waits_for_i
         images: vec![0.5; 4 * 3 * 8 * 8],
         shape: [4, 3, 8, 8],
         labels: vec![0, 1, 2, 0],
+        indices: vec![0, 1, 2, 3],
         targets: None,
         skipped: Vec::new(),
     };

@@ -156,6 +156,7 @@ fn a_training_step_reads_nothing_and_its_figures_come_back_in_one_read() {
             .collect(),
         shape: [4, 3, 8, 8],
         labels: vec![0, 1, 2, 1],
+        indices: vec![0, 1, 2, 3],
         targets: None,
         skipped: Vec::new(),
     };

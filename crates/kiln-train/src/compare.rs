@@ -8,11 +8,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Component, Path, PathBuf};
 
+use crate::epoch::EpochSummary;
 use crate::figures::{per_epoch, smoothed};
 use crate::iterations::{self, StepLoss};
 use crate::plot::{Chart, PALETTE, Series, Style, YFormat, escape};
 use crate::report::page_head;
-use crate::run_dir::{EpochSummary, RunDir};
+use crate::run_dir::RunDir;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CompareError {

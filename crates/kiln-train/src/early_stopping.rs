@@ -4,7 +4,7 @@
 //! an uninterrupted one would.
 
 use crate::config::{EarlyStoppingSection, StoppingMetric};
-use crate::run_dir::EpochSummary;
+use crate::epoch::EpochSummary;
 
 /// Why the run should stop after the last epoch of `history`, or `None` to go on. An epoch
 /// without the metric (no validation set) neither improves nor counts.

@@ -3,9 +3,9 @@
 //! top-5, the weights' average); the learning rate. Written as `loss.svg`, `accuracy.svg` and
 //! `lr.svg`, and inlined into `report.html`.
 
+use crate::epoch::EpochSummary;
 use crate::iterations::StepLoss;
 use crate::plot::{Chart, PALETTE, Series, Style, YFormat, smooth, smoothing_weight};
-use crate::run_dir::EpochSummary;
 
 /// The three plots' SVG markup.
 #[derive(Debug, Clone, PartialEq)]

@@ -10,7 +10,8 @@
 //!   schedule, position); `loaders` opens the data, `evaluate` validates. Everything a run
 //!   writes goes through the `recorder` (`run_dir`, `iterations`, `checkpoint`, `report` with
 //!   `figures`, `plot`, `confusion` and `mistakes`, `tensorboard`); `progress` shows the
-//!   engine's events on a console. `compare` puts several runs' records on one page.
+//!   engine's `events` on a console; `epoch` is one epoch's figures, `limits` the memory a
+//!   run is held to. `compare` puts several runs' records on one page.
 //! - `parallel`: data parallel replicas over devices and machines, each on a thread of its
 //!   own; `collective`: what they exchange.
 //! - `plan`: the memory a step needs, the batch that fits, `batch_size = "auto"` (arithmetic
@@ -28,12 +29,15 @@ pub mod confusion;
 pub mod early_stopping;
 pub mod ema;
 pub mod engine;
+pub mod epoch;
 pub mod error;
 pub mod evaluate;
+pub mod events;
 pub mod figures;
 pub mod heartbeat;
 pub mod iterations;
 pub mod launch;
+mod limits;
 pub mod loaders;
 pub mod lr_find;
 pub mod measure;
@@ -57,8 +61,10 @@ pub mod tensorboard;
 mod trainer;
 
 pub use config::TrainConfig;
-pub use engine::{Event, Observer, Outcome, Reading, Silent, train};
+pub use engine::train;
+pub use epoch::EpochSummary;
 pub use error::TrainError;
 pub use evaluate::{Evaluation, evaluate};
-pub use run_dir::{EpochSummary, RunDir};
+pub use events::{Event, Observer, Outcome, Reading, Silent};
+pub use run_dir::RunDir;
 pub use settle::{Facts, Purpose, Settled, settle};

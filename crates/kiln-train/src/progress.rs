@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::engine::{Event, Observer};
+use crate::epoch::EpochSummary;
+use crate::events::{Event, Observer};
 use crate::plan;
-use crate::run_dir::EpochSummary;
 
 /// How often the heartbeat speaks while the first step runs.
 const HEARTBEAT: Duration = Duration::from_secs(15);

@@ -12,15 +12,16 @@ use kiln_models::weights;
 
 use crate::checkpoint::{self, Position};
 use crate::config::TrainConfig;
-use crate::engine::Reading;
+use crate::epoch::EpochSummary;
 use crate::error::{TrainError, io_error};
 use crate::evaluate::Evaluation;
+use crate::events::Reading;
 use crate::figures::Figures;
 use crate::iterations::{IterationLog, StepLoss};
 use crate::mistakes::{self, SHOWN};
 use crate::parallel::Replicas;
 use crate::report::{ReportInputs, report_html};
-use crate::run_dir::{EpochSummary, RunDir, write_atomically};
+use crate::run_dir::{RunDir, write_atomically};
 use crate::schedule::Schedule;
 use crate::tensorboard::EventWriter;
 

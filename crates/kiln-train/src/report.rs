@@ -9,9 +9,9 @@ use std::path::Path;
 
 use crate::config::TrainConfig;
 use crate::confusion::{COUNTED_CLASSES, Confusion, matrix_svg};
+use crate::epoch::EpochSummary;
 use crate::figures::Figures;
 use crate::plot::escape;
-use crate::run_dir::EpochSummary;
 
 /// What the page shows beyond the config.
 pub struct ReportInputs<'a> {

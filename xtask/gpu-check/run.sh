@@ -203,6 +203,8 @@ quick() {
         # Each cuDNN pass against burn's convolution on the CPU (prints "skipped" without a CUDA
         # device); RUST_LOG=warn shows a fallback to burn's kernel ("cuDNN did not run").
         [ -x "$CUDNN_TEST" ] && RUST_LOG=warn step cudnn 60 "$CUDNN_TEST" --nocapture cudnn_matches
+        # cuDNN's algorithm choices kept in kiln's cache and read back by the next process.
+        [ -x "$CUDNN_TEST" ] && RUST_LOG=warn step cudnn-kept 30 "$CUDNN_TEST" --nocapture choices_are_kept
         step quickstart-cold 150 "$KILN" train "${qs[@]}" --set "logging.runs_dir=\"$OUT/work/runs-cold\""
         step quickstart-warm 40 "$KILN" train "${qs[@]}" --set "logging.runs_dir=\"$OUT/work/runs-warm\""
     ) &

@@ -23,22 +23,6 @@ pub enum KernelCache {
     None,
 }
 
-/// The folder for `backend` on `device` under kiln's cache `root`.
-pub fn folder(root: &Path, backend: &str, device: &str) -> PathBuf {
-    let device: String = device
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    root.join("kernels")
-        .join(format!("{backend}-{}", device.trim_matches('-')))
-}
-
 /// The cubecl config file that cubecl itself would read from `dir` (it looks in the working
 /// directory and each parent).
 pub fn user_config(dir: &Path) -> Option<PathBuf> {
@@ -116,19 +100,6 @@ mod tests {
         );
         let empty = |key: &str| (key == "CUDA_CACHE_MAXSIZE").then(OsString::new);
         assert_eq!(driver_cache_settings(empty, root).len(), 2);
-    }
-
-    #[test]
-    fn each_device_model_gets_its_own_folder() {
-        let root = Path::new("/cache/kiln");
-        assert_eq!(
-            folder(root, "cuda", "NVIDIA H200"),
-            Path::new("/cache/kiln/kernels/cuda-nvidia-h200")
-        );
-        assert_eq!(
-            folder(root, "wgpu", "llvmpipe (LLVM 15.0.6, 256 bits)"),
-            Path::new("/cache/kiln/kernels/wgpu-llvmpipe--llvm-15-0-6--256-bits")
-        );
     }
 
     #[test]

@@ -86,7 +86,7 @@ pub fn configure_kernel_cache(resolved: &Resolved) -> KernelCache {
         .devices
         .first()
         .map_or("device", |d| d.name.as_str());
-    let folder = kernel_cache::folder(
+    let folder = kiln_download::kernel_folder(
         &kiln_download::cache_root(),
         resolved.backend.name(),
         device,

@@ -45,6 +45,24 @@ pub fn cache_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".kiln-cache"))
 }
 
+/// The folder for what `backend` compiles and tunes for one `device` model under kiln's cache
+/// `root`: `<root>/kernels/<backend>-<device>`, the device's name as a lowercase path component
+/// (compiled kernels and tuning results hold for one GPU model, whatever its index).
+pub fn kernel_folder(root: &Path, backend: &str, device: &str) -> PathBuf {
+    let device: String = device
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    root.join("kernels")
+        .join(format!("{backend}-{}", device.trim_matches('-')))
+}
+
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> DownloadError + '_ {
     move |source| DownloadError::Io {
         path: path.to_path_buf(),
@@ -201,6 +219,19 @@ mod tests {
     use super::*;
     use std::io::{BufRead, BufReader};
     use std::net::TcpListener;
+
+    #[test]
+    fn each_device_model_gets_its_own_folder() {
+        let root = Path::new("/cache/kiln");
+        assert_eq!(
+            kernel_folder(root, "cuda", "NVIDIA H200"),
+            Path::new("/cache/kiln/kernels/cuda-nvidia-h200")
+        );
+        assert_eq!(
+            kernel_folder(root, "wgpu", "llvmpipe (LLVM 15.0.6, 256 bits)"),
+            Path::new("/cache/kiln/kernels/wgpu-llvmpipe--llvm-15-0-6--256-bits")
+        );
+    }
 
     /// Serves `body` once on loopback, announcing `announced` bytes, and returns the URL.
     fn serve_once(body: Vec<u8>, announced: usize) -> String {

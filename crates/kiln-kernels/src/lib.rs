@@ -19,8 +19,10 @@ mod cudnn;
 // The pure half of the cuDNN path, tested on every build.
 #[cfg(all(test, not(feature = "cuda")))]
 #[allow(dead_code)]
-#[path = "cudnn/plan.rs"]
-mod cudnn_plan;
+mod cudnn {
+    mod plan;
+    mod store;
+}
 #[cfg(feature = "flex")]
 mod epilogue;
 #[cfg(feature = "flex")]

@@ -4,6 +4,8 @@
 //! same reference (its autotuned gradients were seen wrong on an H200). Skipped (with a line
 //! saying so) where there is no CUDA device or no cuDNN.
 //!
+//! And cuDNN's algorithm choices kept in kiln's cache for the next process.
+//!
 //!     cargo test --release -p kiln-kernels --features cuda --test cudnn -- --nocapture
 
 #![cfg(feature = "cuda")]
@@ -190,4 +192,113 @@ fn burns_cuda_convolution_matches_burn_on_the_cpu() {
         let burn = run::<Train>(false, case, DType::F32, true);
         compare("burn's CUDA kernel", i, burn, reference(case, true), 3e-2);
     }
+}
+
+/// Set in the child process of [`choices_are_kept_in_kilns_cache`].
+const CHILD: &str = "KILN_TEST_CUDNN_KEPT_CHILD";
+
+/// cuDNN's algorithm choices are kept in kiln's cache and read back by a later process: where
+/// the file holds a choice, it runs without a search (its entry stays as written), and a kept
+/// choice that cannot run is measured again and replaced, the result still right. In a child
+/// process with a cache folder of its own (a process reads its choices once).
+#[test]
+fn choices_are_kept_in_kilns_cache() {
+    if std::env::var_os(CHILD).is_some() {
+        return kept_choices_child();
+    }
+    if !gpu_with_cudnn() {
+        return;
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "choices_are_kept_in_kilns_cache", "--nocapture"])
+        .env(CHILD, "1")
+        .env("KILN_CACHE_DIR", cache.path())
+        .status()
+        .unwrap();
+    assert!(status.success(), "the child process failed: {status}");
+}
+
+fn kept_choices_child() {
+    use serde_json::{Value, json};
+    let cache = std::path::PathBuf::from(std::env::var_os("KILN_CACHE_DIR").unwrap());
+    assert!(gpu_with_cudnn());
+    let gpu = cudarc::driver::result::device::get(0)
+        .and_then(cudarc::driver::result::device::get_name)
+        .unwrap();
+    let version = kiln_kernels::cudnn_status().unwrap();
+    let file =
+        kiln_download::kernel_folder(&cache, "cuda", &gpu).join(format!("cudnn-{version}.json"));
+    // Case `plain` kept for every pass as algorithm 0 (implicit GEMM, any shape) with a
+    // workspace no search reports for it; case `strided`'s forward kept as FFT, which cuDNN
+    // refuses at stride 2.
+    let (plain, strided) = (CASES[1], CASES[3]);
+    let key = |pass: &str,
+               (x, w, stride, padding): ([usize; 4], [usize; 4], usize, usize),
+               aligned: bool| {
+        let size = |i: usize| (x[i] + 2 * padding - w[i]) / stride + 1;
+        json!({
+            "pass": pass, "data": "f32", "tf32": false, "aligned": aligned,
+            "geometry": {
+                "x": x, "w": w, "y": [x[0], w[0], size(2), size(3)],
+                "padding": [padding; 2], "stride": [stride; 2], "dilation": [1, 1],
+            },
+        })
+    };
+    let mut choices = Vec::new();
+    for aligned in [true, false] {
+        for pass in ["forward", "backward_data", "backward_filter"] {
+            let choice = json!({"algo": 0, "math": "fma", "workspace": 4096});
+            choices.push(json!({"key": key(pass, plain, aligned), "choice": choice}));
+        }
+        let fft = json!({"algo": 4, "math": "fma", "workspace": 0});
+        choices.push(json!({"key": key("forward", strided, aligned), "choice": fft}));
+    }
+    let written = json!({"format": 1, "gpu": gpu, "cudnn": version, "choices": choices});
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, serde_json::to_string_pretty(&written).unwrap()).unwrap();
+
+    kiln_kernels::set_tf32(false);
+    for (i, case) in [plain, strided].into_iter().enumerate() {
+        let ours = run::<Train>(true, case, DType::F32, true);
+        compare("kept", i, ours, reference(case, true), 1e-3);
+    }
+
+    let after: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let after = after["choices"].as_array().unwrap();
+    let find = |key: &Value| {
+        after
+            .iter()
+            .filter(|e| &e["key"] == key)
+            .map(|e| &e["choice"])
+            .collect::<Vec<_>>()
+    };
+    for aligned in [true, false] {
+        for pass in ["forward", "backward_data", "backward_filter"] {
+            let kept = find(&key(pass, plain, aligned));
+            assert_eq!(kept.len(), 1, "{pass}: {kept:?}");
+            assert_eq!(
+                kept[0]["workspace"], 4096,
+                "{pass} was searched again: {kept:?}"
+            );
+        }
+    }
+    let forward: Vec<_> = [true, false]
+        .iter()
+        .flat_map(|&a| find(&key("forward", strided, a)))
+        .collect();
+    assert_eq!(forward.len(), 2, "{forward:?}");
+    assert!(
+        forward.iter().any(|c| c["algo"] != 4),
+        "the failing FFT choice was not replaced: {forward:?}"
+    );
+    let gradients: Vec<_> = [true, false]
+        .iter()
+        .flat_map(|&a| ["backward_data", "backward_filter"].map(|p| find(&key(p, strided, a))))
+        .flatten()
+        .collect();
+    assert!(
+        gradients.len() >= 2,
+        "the strided gradients' choices were not kept: {after:?}"
+    );
 }

@@ -83,11 +83,16 @@ pub fn flatten(value: &toml::Value) -> BTreeMap<String, String> {
     out
 }
 
+/// Keys that say where a run was written, not how it trained: runs kept in two folders differ
+/// there without differing at all.
+const WHERE_NOT_HOW: [&str; 1] = ["logging.runs_dir"];
+
 /// The keys whose values are not the same in every config, with each config's value (`None`
-/// where it lacks the key), in key order.
+/// where it lacks the key), in key order; not [`WHERE_NOT_HOW`].
 pub fn differences(configs: &[&BTreeMap<String, String>]) -> Vec<(String, Vec<Option<String>>)> {
     let keys: BTreeSet<&String> = configs.iter().flat_map(|c| c.keys()).collect();
     keys.into_iter()
+        .filter(|key| !WHERE_NOT_HOW.contains(&key.as_str()))
         .map(|key| {
             let values: Vec<Option<String>> = configs.iter().map(|c| c.get(key).cloned()).collect();
             (key.clone(), values)
@@ -273,7 +278,7 @@ mod tests {
         )
         .unwrap();
         let b: toml::Value = toml::from_str(
-            "name = 'q'\n[optimizer]\nname = 'adam'\nlr = 0.001\nbetas = [0.9, 0.99]\n[data]\nsource = { kind = 'digits' }\ntransforms = [1, 2]\n",
+            "name = 'q'\n[optimizer]\nname = 'adam'\nlr = 0.001\nbetas = [0.9, 0.99]\n[data]\nsource = { kind = 'digits' }\ntransforms = [1, 2]\n[logging]\nruns_dir = 'elsewhere'\n",
         )
         .unwrap();
         let (a, b) = (flatten(&a), flatten(&b));

@@ -7,13 +7,15 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cubecl_cuda::ExternalLaunch;
 use cudarc::cudnn::sys;
 
 use super::plan::{self, AlgoKey, DataType, Geometry, MathType, Pass};
+use super::store::{self, Saved};
 
 /// One convolution for cuDNN. The bindings given to `launch_external` are, in order:
 /// forward `[x, w, y]`, backward data `[w, dy, dx]`, backward filter `[x, dy, dw]`.
@@ -38,6 +40,35 @@ enum Algo {
     BackwardFilter(sys::cudnnConvolutionBwdFilterAlgo_t),
 }
 
+impl Algo {
+    /// The value of cuDNN's enum, as kept on disk.
+    fn code(self) -> u32 {
+        match self {
+            Algo::Forward(algo) => algo as u32,
+            Algo::BackwardData(algo) => algo as u32,
+            Algo::BackwardFilter(algo) => algo as u32,
+        }
+    }
+
+    /// The algorithm of `pass` whose enum value is `code`, if this cuDNN has one.
+    fn from_code(pass: Pass, code: u32) -> Option<Self> {
+        match pass {
+            Pass::Forward => FORWARD_ALGOS
+                .into_iter()
+                .find(|&a| a as u32 == code)
+                .map(Algo::Forward),
+            Pass::BackwardData => BACKWARD_DATA_ALGOS
+                .into_iter()
+                .find(|&a| a as u32 == code)
+                .map(Algo::BackwardData),
+            Pass::BackwardFilter => BACKWARD_FILTER_ALGOS
+                .into_iter()
+                .find(|&a| a as u32 == code)
+                .map(Algo::BackwardFilter),
+        }
+    }
+}
+
 /// What the search chose for a key, or that cuDNN has nothing for it (then burn's kernel runs,
 /// without searching again).
 #[derive(Debug, Clone, Copy)]
@@ -46,6 +77,8 @@ enum Choice {
         algo: Algo,
         math: MathType,
         workspace: usize,
+        /// Read from kiln's cache, not measured by this process: searched again if it fails.
+        kept: bool,
     },
     Unsupported,
 }
@@ -65,6 +98,72 @@ fn cached(key: &AlgoKey) -> Option<Choice> {
 fn remember(key: AlgoKey, choice: Choice) {
     let mut map = choices().lock().unwrap_or_else(|e| e.into_inner());
     map.insert(key, choice);
+}
+
+/// A device's file of choices in kiln's cache (`store`), with the names written into it.
+struct Kept {
+    path: PathBuf,
+    gpu: String,
+    cudnn: String,
+}
+
+/// The file of `device`'s choices, its choices remembered on the first call for the device;
+/// `None` where the GPU's name or cuDNN's version cannot be read (choices then last the process).
+fn kept(device: usize) -> Option<Arc<Kept>> {
+    static KEPT: OnceLock<Mutex<HashMap<usize, Option<Arc<Kept>>>>> = OnceLock::new();
+    let mut files = KEPT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    files
+        .entry(device)
+        .or_insert_with(|| open_kept(device).map(Arc::new))
+        .clone()
+}
+
+fn open_kept(device: usize) -> Option<Kept> {
+    use cudarc::driver::result::device as cu_device;
+    let gpu = cu_device::get(device as i32)
+        .and_then(cu_device::get_name)
+        .ok()?;
+    let cudnn = plan::version_name(*super::version().as_ref().ok()?);
+    let path = store::path(&kiln_download::cache_root(), &gpu, &cudnn);
+    match store::load(&path) {
+        Ok(saved) => {
+            for (key, saved) in saved {
+                if let Some(algo) = Algo::from_code(key.pass, saved.algo) {
+                    let choice = Choice::Run {
+                        algo,
+                        math: saved.math,
+                        workspace: saved.workspace,
+                        kept: true,
+                    };
+                    remember(AlgoKey { device, ..key }, choice);
+                }
+            }
+        }
+        Err(why) => {
+            log::warn!("cuDNN's algorithm choices were not read, they are measured again: {why}")
+        }
+    }
+    Some(Kept { path, gpu, cudnn })
+}
+
+/// Writes a measured choice into the device's file (a failed write is logged: the choice still
+/// holds for this process).
+fn keep(device: usize, key: AlgoKey, algo: Algo, math: MathType, workspace: usize) {
+    let Some(file) = kept(device) else { return };
+    let saved = Saved {
+        algo: algo.code(),
+        math,
+        workspace,
+    };
+    if let Err(why) = store::save(&file.path, &file.gpu, &file.cudnn, key, saved) {
+        static WARNED: AtomicBool = AtomicBool::new(false);
+        if !WARNED.swap(true, Ordering::Relaxed) {
+            log::warn!("cuDNN's algorithm choices could not be kept (logged once): {why}");
+        }
+    }
 }
 
 thread_local! {
@@ -293,29 +392,58 @@ pub(crate) fn run(launch: &mut ExternalLaunch<'_>, job: &Job) -> Result<(), Stri
         "cudnnSetStream",
     )?;
     let desc = Descriptors::new(job)?;
-    let [a, b, out] = [0, 1, 2].map(|i| launch.ptr(i));
+    let ptrs = [0, 1, 2].map(|i| launch.ptr(i));
     let key = AlgoKey {
         device: job.device,
         pass: job.pass,
         data: job.data,
         geometry: job.geometry,
         tf32: job.tf32,
-        aligned: plan::aligned_16(&[a, b, out]),
+        aligned: plan::aligned_16(&ptrs),
     };
-    let choice = match cached(&key) {
-        Some(choice) => choice,
-        None => {
-            // A failed search is remembered as "unsupported" too: searching again would cost
-            // a stream sync on every call (with cuDNN 9 missing its `libcudnn_cnn`, say).
-            let searched = search(launch, handle, &desc, job, [a, b, out]);
-            remember(key, *searched.as_ref().unwrap_or(&Choice::Unsupported));
-            searched?
+    // Loads the device's kept choices on its first convolution.
+    kept(job.device);
+    match cached(&key) {
+        // A kept choice that fails (a driver or library that changed under the same names) is
+        // measured again.
+        Some(choice @ Choice::Run { kept: true, .. }) => {
+            if execute(launch, handle, &desc, job, choice, ptrs).is_ok() {
+                return Ok(());
+            }
         }
-    };
+        Some(choice) => return execute(launch, handle, &desc, job, choice, ptrs),
+        None => {}
+    }
+    // A failed search is remembered as "unsupported" too: searching again would cost a stream
+    // sync on every call (with cuDNN 9 missing its `libcudnn_cnn`, say).
+    let searched = search(launch, handle, &desc, job, ptrs);
+    remember(key, *searched.as_ref().unwrap_or(&Choice::Unsupported));
+    if let Ok(Choice::Run {
+        algo,
+        math,
+        workspace,
+        ..
+    }) = searched
+    {
+        keep(job.device, key, algo, math, workspace);
+    }
+    execute(launch, handle, &desc, job, searched?, ptrs)
+}
+
+/// Enqueues `choice`'s algorithm with its math type and workspace.
+fn execute(
+    launch: &mut ExternalLaunch<'_>,
+    handle: sys::cudnnHandle_t,
+    desc: &Descriptors,
+    job: &Job,
+    choice: Choice,
+    ptrs: [u64; 3],
+) -> Result<(), String> {
     let Choice::Run {
         algo,
         math,
         workspace,
+        ..
     } = choice
     else {
         return Err(format!("cuDNN has no algorithm for {:?} {job:?}", job.pass));
@@ -327,7 +455,7 @@ pub(crate) fn run(launch: &mut ExternalLaunch<'_>, job: &Job) -> Result<(), Stri
             .scratch(bytes as u64)
             .map_err(|e| format!("no workspace of {bytes} bytes: {e:?}"))?,
     };
-    launch_algo(handle, &desc, algo, [a, b, out], workspace_ptr, workspace)
+    launch_algo(handle, desc, algo, ptrs, workspace_ptr, workspace)
 }
 
 /// Measures the algorithms of the job's pass (`cudnnFind*AlgorithmEx`, on the real buffers) and
@@ -359,6 +487,7 @@ fn search(
             algo,
             math: MathType::for_run(job.data, job.tf32, found_math),
             workspace: memory,
+            kept: false,
         },
         None => Choice::Unsupported,
     })
@@ -658,5 +787,24 @@ mod tests {
             assert_eq!(math_type(math) as u32, math.cudnn_code());
             assert_eq!(from_math_type(math_type(math)), math);
         }
+    }
+
+    /// Kept choices name algorithms by their enum's value; each comes back as itself, and a
+    /// value this cuDNN does not have as none.
+    #[test]
+    fn algorithms_come_back_from_their_codes() {
+        let all = FORWARD_ALGOS
+            .map(Algo::Forward)
+            .into_iter()
+            .map(|a| (Pass::Forward, a))
+            .chain(BACKWARD_DATA_ALGOS.map(|a| (Pass::BackwardData, Algo::BackwardData(a))))
+            .chain(BACKWARD_FILTER_ALGOS.map(|a| (Pass::BackwardFilter, Algo::BackwardFilter(a))));
+        for (pass, algo) in all {
+            let back = Algo::from_code(pass, algo.code()).expect("known code");
+            assert_eq!(format!("{back:?}"), format!("{algo:?}"));
+        }
+        assert!(Algo::from_code(Pass::Forward, 8).is_none());
+        assert!(Algo::from_code(Pass::BackwardData, 6).is_none());
+        assert!(Algo::from_code(Pass::BackwardFilter, 7).is_none());
     }
 }

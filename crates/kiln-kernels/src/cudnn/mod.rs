@@ -10,6 +10,7 @@
 mod ffi;
 mod op;
 mod plan;
+mod store;
 
 use std::sync::OnceLock;
 

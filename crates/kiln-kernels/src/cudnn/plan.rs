@@ -5,10 +5,12 @@
 
 use burn::tensor::DType;
 use burn::tensor::ops::ConvOptions;
+use serde::{Deserialize, Serialize};
 
 /// The three convolutions of a training step. cuDNN names them forward, backward data and
 /// backward filter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum Pass {
     /// `y = conv(x, w)`.
     Forward,
@@ -19,7 +21,8 @@ pub(crate) enum Pass {
 }
 
 /// The element types kiln convolves in, with cuDNN's `cudnnDataType_t` codes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum DataType {
     F32,
     F16,
@@ -56,7 +59,8 @@ impl DataType {
 }
 
 /// cuDNN's `cudnnMathType_t`, with its codes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum MathType {
     /// `CUDNN_DEFAULT_MATH`: from cuDNN 8 on Ampere and later, TF32 tensor cores for f32.
     Default,
@@ -122,7 +126,7 @@ impl MathType {
 
 /// A 2-D convolution without groups, in NCHW: input `x [N, C, H, W]`, weight
 /// `w [K, C, R, S]`, output `y [N, K, P, Q]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub(crate) struct Geometry {
     pub x: [usize; 4],
     pub w: [usize; 4],
@@ -255,8 +259,10 @@ pub(crate) fn packed_strides(dims: [usize; 4]) -> [usize; 4] {
 /// The key of one algorithm choice: everything the choice depends on. The device, because
 /// GPUs of a process may differ; TF32, because it changes the candidates; alignment, because
 /// some algorithms need 16-byte aligned buffers and the choice is measured on one set of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// On disk (`store`) the device is left out: the file is the GPU model's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub(crate) struct AlgoKey {
+    #[serde(skip)]
     pub device: usize,
     pub pass: Pass,
     pub data: DataType,

@@ -1,0 +1,267 @@
+//! cuDNN's algorithm choices kept in kiln's cache, so that a later process on the same GPU model
+//! and cuDNN does not search again: each search waits for the stream and times every algorithm of
+//! its pass, three searches per convolution shape (about 60 for a ResNet-50 step, most of its
+//! start once its kernels are cached). One JSON file per GPU model and cuDNN version, beside
+//! cubecl's kernels for that GPU: `<cache>/kernels/cuda-<gpu>/cudnn-<version>.json`.
+//!
+//! A save merges what other processes wrote since, then replaces the file with a rename, so that
+//! a process killed while writing leaves the old one. A file that cannot be read costs only the
+//! searches again: never an error for a run. Nothing here touches cuDNN, so it is tested on any
+//! machine.
+
+use std::fs;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::plan::{AlgoKey, MathType};
+
+/// The format's version: a file of another is not read (and is replaced by the next save).
+const FORMAT: u32 = 1;
+
+/// What a search chose, in cuDNN's terms: the algorithm as its enum's value in the key's pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Saved {
+    pub algo: u32,
+    pub math: MathType,
+    pub workspace: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Entry {
+    key: AlgoKey,
+    choice: Saved,
+}
+
+/// The file. `gpu` and `cudnn` repeat its name's parts for a reader.
+#[derive(Debug, Serialize, Deserialize)]
+struct File {
+    format: u32,
+    gpu: String,
+    cudnn: String,
+    choices: Vec<Entry>,
+}
+
+/// Where the choices for `gpu` (its name as the driver gives it) and cuDNN `version` are kept
+/// under kiln's cache `root`.
+pub(crate) fn path(root: &Path, gpu: &str, cudnn: &str) -> PathBuf {
+    kiln_download::kernel_folder(root, "cuda", gpu).join(format!("cudnn-{cudnn}.json"))
+}
+
+/// The choices kept at `path` (their keys' device is 0), none where there is no file yet; `Err`
+/// says why a file there was not read.
+pub(crate) fn load(path: &Path) -> Result<Vec<(AlgoKey, Saved)>, String> {
+    let file = read(path)?;
+    Ok(file
+        .map(|f| f.choices.into_iter().map(|e| (e.key, e.choice)).collect())
+        .unwrap_or_default())
+}
+
+fn read(path: &Path) -> Result<Option<File>, String> {
+    let text = match fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let file: File = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if file.format != FORMAT {
+        return Err(format!(
+            "{}: format {}, this kiln reads {FORMAT}",
+            path.display(),
+            file.format
+        ));
+    }
+    Ok(Some(file))
+}
+
+/// Adds (or replaces) `key`'s choice in the file at `path`, keeping every other choice there.
+pub(crate) fn save(
+    path: &Path,
+    gpu: &str,
+    cudnn: &str,
+    key: AlgoKey,
+    choice: Saved,
+) -> Result<(), String> {
+    // What cannot be read is replaced: it would be searched again anyway.
+    let mut choices = read(path)
+        .ok()
+        .flatten()
+        .map_or_else(Vec::new, |f| f.choices);
+    let key = AlgoKey { device: 0, ..key };
+    choices.retain(|e| e.key != key);
+    choices.push(Entry { key, choice });
+    let file = File {
+        format: FORMAT,
+        gpu: gpu.into(),
+        cudnn: cudnn.into(),
+        choices,
+    };
+    let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
+    let failed = |e: std::io::Error| format!("{}: {e}", path.display());
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).map_err(failed)?;
+    }
+    // One partial file per process: two processes saving at once each rename a whole file.
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(format!(".partial-{}", std::process::id()));
+    fs::write(&partial, text)
+        .and_then(|()| fs::rename(&partial, path))
+        .map_err(failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::plan::{DataType, Geometry, Pass};
+    use super::*;
+    use burn::tensor::ops::ConvOptions;
+
+    fn key(channels: usize, pass: Pass) -> AlgoKey {
+        let options = ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
+        AlgoKey {
+            device: 3,
+            pass,
+            data: DataType::F32,
+            geometry: Geometry::new([8, channels, 16, 16], [channels, channels, 3, 3], &options)
+                .unwrap(),
+            tf32: true,
+            aligned: true,
+        }
+    }
+
+    fn saved(algo: u32) -> Saved {
+        Saved {
+            algo,
+            math: MathType::Default,
+            workspace: 4096 * algo as usize,
+        }
+    }
+
+    #[test]
+    fn each_gpu_model_and_cudnn_version_has_its_file() {
+        let root = Path::new("/cache/kiln");
+        assert_eq!(
+            path(root, "NVIDIA H200", "9.19.0"),
+            Path::new("/cache/kiln/kernels/cuda-nvidia-h200/cudnn-9.19.0.json")
+        );
+        assert_ne!(
+            path(root, "NVIDIA H200", "9.19.0"),
+            path(root, "NVIDIA H100 80GB HBM3", "9.19.0")
+        );
+        assert_ne!(
+            path(root, "NVIDIA H200", "9.19.0"),
+            path(root, "NVIDIA H200", "9.10.2")
+        );
+    }
+
+    #[test]
+    fn choices_come_back_as_saved_without_the_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = path(dir.path(), "NVIDIA H200", "9.19.0");
+        assert_eq!(
+            load(&file).unwrap(),
+            vec![],
+            "no file yet: nothing, no error"
+        );
+        let (a, b) = (key(64, Pass::Forward), key(64, Pass::BackwardFilter));
+        save(&file, "NVIDIA H200", "9.19.0", a, saved(1)).unwrap();
+        save(&file, "NVIDIA H200", "9.19.0", b, saved(5)).unwrap();
+        let loaded = load(&file).unwrap();
+        let at_zero = |k: AlgoKey| AlgoKey { device: 0, ..k };
+        assert_eq!(loaded, vec![(at_zero(a), saved(1)), (at_zero(b), saved(5))]);
+        // A key chosen again is replaced, not doubled.
+        save(&file, "NVIDIA H200", "9.19.0", a, saved(2)).unwrap();
+        let loaded = load(&file).unwrap();
+        assert_eq!(loaded.len(), 2);
+        assert!(loaded.contains(&(at_zero(a), saved(2))));
+        let names: Vec<_> = fs::read_dir(file.parent().unwrap()).unwrap().collect();
+        assert_eq!(names.len(), 1, "no partial file left: {names:?}");
+    }
+
+    #[test]
+    fn a_save_keeps_what_another_process_saved_since() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = path(dir.path(), "NVIDIA H200", "9.19.0");
+        save(
+            &file,
+            "NVIDIA H200",
+            "9.19.0",
+            key(64, Pass::Forward),
+            saved(1),
+        )
+        .unwrap();
+        // This process read the file before the other one saved; its save reads it again.
+        let before = load(&file).unwrap();
+        save(
+            &file,
+            "NVIDIA H200",
+            "9.19.0",
+            key(128, Pass::Forward),
+            saved(2),
+        )
+        .unwrap();
+        save(
+            &file,
+            "NVIDIA H200",
+            "9.19.0",
+            key(256, Pass::Forward),
+            saved(0),
+        )
+        .unwrap();
+        assert_eq!(before.len(), 1);
+        assert_eq!(load(&file).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn an_unreadable_file_is_an_error_to_log_and_the_next_save_replaces_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = path(dir.path(), "NVIDIA H200", "9.19.0");
+        fs::create_dir_all(file.parent().unwrap()).unwrap();
+        // A write cut off half-way (by hand: kiln renames whole files into place).
+        fs::write(&file, r#"{"format": 1, "gpu": "NVIDIA H200", "choi"#).unwrap();
+        let why = load(&file).unwrap_err();
+        assert!(why.contains("cudnn-9.19.0.json"), "{why}");
+        save(
+            &file,
+            "NVIDIA H200",
+            "9.19.0",
+            key(64, Pass::Forward),
+            saved(1),
+        )
+        .unwrap();
+        assert_eq!(load(&file).unwrap().len(), 1);
+
+        let other_format = r#"{"format": 2, "gpu": "x", "cudnn": "y", "choices": []}"#;
+        fs::write(&file, other_format).unwrap();
+        let why = load(&file).unwrap_err();
+        assert!(why.contains("format 2"), "{why}");
+    }
+
+    #[test]
+    fn the_file_reads_as_cudnn_terms() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = path(dir.path(), "NVIDIA H200", "9.19.0");
+        save(
+            &file,
+            "NVIDIA H200",
+            "9.19.0",
+            key(64, Pass::BackwardData),
+            saved(1),
+        )
+        .unwrap();
+        let text = fs::read_to_string(&file).unwrap();
+        for part in [
+            r#""gpu": "NVIDIA H200""#,
+            r#""pass": "backward_data""#,
+            r#""data": "f32""#,
+            r#""math": "default""#,
+            r#""workspace": 4096"#,
+        ] {
+            assert!(text.contains(part), "{part} not in {text}");
+        }
+        assert!(
+            !text.contains("device"),
+            "the file is the GPU model's: {text}"
+        );
+    }
+}

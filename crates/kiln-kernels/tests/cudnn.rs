@@ -241,7 +241,7 @@ fn kept_choices_child() {
             "pass": pass, "data": "f32", "tf32": false, "aligned": aligned,
             "geometry": {
                 "x": x, "w": w, "y": [x[0], w[0], size(2), size(3)],
-                "padding": [padding; 2], "stride": [stride; 2], "dilation": [1, 1],
+                "padding": [padding, padding], "stride": [stride, stride], "dilation": [1, 1],
             },
         })
     };

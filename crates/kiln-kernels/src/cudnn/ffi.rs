@@ -404,15 +404,15 @@ pub(crate) fn run(launch: &mut ExternalLaunch<'_>, job: &Job) -> Result<(), Stri
     // Loads the device's kept choices on its first convolution.
     kept(job.device);
     match cached(&key) {
-        // A kept choice that fails (a driver or library that changed under the same names) is
-        // measured again.
-        Some(choice @ Choice::Run { kept: true, .. }) => {
-            if execute(launch, handle, &desc, job, choice, ptrs).is_ok() {
-                return Ok(());
-            }
+        Some(choice @ Choice::Run { kept: true, .. })
+            if execute(launch, handle, &desc, job, choice, ptrs).is_ok() =>
+        {
+            return Ok(());
         }
+        // A kept choice that failed (a driver or library changed under the same names) is
+        // measured again, as a key never seen.
+        Some(Choice::Run { kept: true, .. }) | None => {}
         Some(choice) => return execute(launch, handle, &desc, job, choice, ptrs),
-        None => {}
     }
     // A failed search is remembered as "unsupported" too: searching again would cost a stream
     // sync on every call (with cuDNN 9 missing its `libcudnn_cnn`, say).

@@ -7,7 +7,6 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -15,7 +14,7 @@ use cubecl_cuda::ExternalLaunch;
 use cudarc::cudnn::sys;
 
 use super::plan::{self, AlgoKey, DataType, Geometry, MathType, Pass};
-use super::store::{self, Saved};
+use super::store::{Saved, Store};
 
 /// One convolution for cuDNN. The bindings given to `launch_external` are, in order:
 /// forward `[x, w, y]`, backward data `[w, dy, dx]`, backward filter `[x, dy, dw]`.
@@ -100,17 +99,10 @@ fn remember(key: AlgoKey, choice: Choice) {
     map.insert(key, choice);
 }
 
-/// A device's file of choices in kiln's cache (`store`), with the names written into it.
-struct Kept {
-    path: PathBuf,
-    gpu: String,
-    cudnn: String,
-}
-
 /// The file of `device`'s choices, its choices remembered on the first call for the device;
 /// `None` where the GPU's name or cuDNN's version cannot be read (choices then last the process).
-fn kept(device: usize) -> Option<Arc<Kept>> {
-    static KEPT: OnceLock<Mutex<HashMap<usize, Option<Arc<Kept>>>>> = OnceLock::new();
+fn kept(device: usize) -> Option<Arc<Store>> {
+    static KEPT: OnceLock<Mutex<HashMap<usize, Option<Arc<Store>>>>> = OnceLock::new();
     let mut files = KEPT
         .get_or_init(Default::default)
         .lock()
@@ -121,14 +113,14 @@ fn kept(device: usize) -> Option<Arc<Kept>> {
         .clone()
 }
 
-fn open_kept(device: usize) -> Option<Kept> {
+fn open_kept(device: usize) -> Option<Store> {
     use cudarc::driver::result::device as cu_device;
     let gpu = cu_device::get(device as i32)
         .and_then(cu_device::get_name)
         .ok()?;
     let cudnn = plan::version_name(*super::version().as_ref().ok()?);
-    let path = store::path(&kiln_download::cache_root(), &gpu, &cudnn);
-    match store::load(&path) {
+    let store = Store::new(&kiln_download::cache_root(), &gpu, &cudnn);
+    match store.load() {
         Ok(saved) => {
             for (key, saved) in saved {
                 if let Some(algo) = Algo::from_code(key.pass, saved.algo) {
@@ -146,19 +138,19 @@ fn open_kept(device: usize) -> Option<Kept> {
             log::warn!("cuDNN's algorithm choices were not read, they are measured again: {why}")
         }
     }
-    Some(Kept { path, gpu, cudnn })
+    Some(store)
 }
 
 /// Writes a measured choice into the device's file (a failed write is logged: the choice still
 /// holds for this process).
 fn keep(device: usize, key: AlgoKey, algo: Algo, math: MathType, workspace: usize) {
-    let Some(file) = kept(device) else { return };
+    let Some(store) = kept(device) else { return };
     let saved = Saved {
         algo: algo.code(),
         math,
         workspace,
     };
-    if let Err(why) = store::save(&file.path, &file.gpu, &file.cudnn, key, saved) {
+    if let Err(why) = store.save(key, saved) {
         static WARNED: AtomicBool = AtomicBool::new(false);
         if !WARNED.swap(true, Ordering::Relaxed) {
             log::warn!("cuDNN's algorithm choices could not be kept (logged once): {why}");
@@ -401,9 +393,9 @@ pub(crate) fn run(launch: &mut ExternalLaunch<'_>, job: &Job) -> Result<(), Stri
         tf32: job.tf32,
         aligned: plan::aligned_16(&ptrs),
     };
-    // Loads the device's kept choices on its first convolution.
-    kept(job.device);
-    match cached(&key) {
+    // A key not seen yet may be in the device's file, read on its first miss.
+    let known = cached(&key).or_else(|| kept(job.device).and_then(|_| cached(&key)));
+    match known {
         Some(choice @ Choice::Run { kept: true, .. })
             if execute(launch, handle, &desc, job, choice, ptrs).is_ok() =>
         {

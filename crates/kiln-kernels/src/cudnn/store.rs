@@ -43,71 +43,79 @@ struct File {
     choices: Vec<Entry>,
 }
 
-/// Where the choices for `gpu` (its name as the driver gives it) and cuDNN `version` are kept
-/// under kiln's cache `root`.
-pub(crate) fn path(root: &Path, gpu: &str, cudnn: &str) -> PathBuf {
-    kiln_download::kernel_folder(root, "cuda", gpu).join(format!("cudnn-{cudnn}.json"))
+/// One GPU model's file of choices under one cuDNN version.
+#[derive(Debug)]
+pub(crate) struct Store {
+    pub path: PathBuf,
+    gpu: String,
+    cudnn: String,
 }
 
-/// The choices kept at `path` (their keys' device is 0), none where there is no file yet; `Err`
-/// says why a file there was not read.
-pub(crate) fn load(path: &Path) -> Result<Vec<(AlgoKey, Saved)>, String> {
-    let file = read(path)?;
-    Ok(file
-        .map(|f| f.choices.into_iter().map(|e| (e.key, e.choice)).collect())
-        .unwrap_or_default())
-}
-
-fn read(path: &Path) -> Result<Option<File>, String> {
-    let text = match fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
-    let file: File = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    if file.format != FORMAT {
-        return Err(format!(
-            "{}: format {}, this kiln reads {FORMAT}",
-            path.display(),
-            file.format
-        ));
+impl Store {
+    /// The file for `gpu` (its name as the driver gives it) and cuDNN `version` under kiln's
+    /// cache `root`.
+    pub(crate) fn new(root: &Path, gpu: &str, cudnn: &str) -> Self {
+        let folder = kiln_download::kernel_folder(root, "cuda", gpu);
+        Store {
+            path: folder.join(format!("cudnn-{cudnn}.json")),
+            gpu: gpu.into(),
+            cudnn: cudnn.into(),
+        }
     }
-    Ok(Some(file))
-}
 
-/// Adds (or replaces) `key`'s choice in the file at `path`, keeping every other choice there.
-pub(crate) fn save(
-    path: &Path,
-    gpu: &str,
-    cudnn: &str,
-    key: AlgoKey,
-    choice: Saved,
-) -> Result<(), String> {
-    // What cannot be read is replaced: it would be searched again anyway.
-    let mut choices = read(path)
-        .ok()
-        .flatten()
-        .map_or_else(Vec::new, |f| f.choices);
-    let key = AlgoKey { device: 0, ..key };
-    choices.retain(|e| e.key != key);
-    choices.push(Entry { key, choice });
-    let file = File {
-        format: FORMAT,
-        gpu: gpu.into(),
-        cudnn: cudnn.into(),
-        choices,
-    };
-    let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
-    let failed = |e: std::io::Error| format!("{}: {e}", path.display());
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir).map_err(failed)?;
+    /// The choices kept (their keys' device is 0), none where there is no file yet; `Err` says
+    /// why a file there was not read.
+    pub(crate) fn load(&self) -> Result<Vec<(AlgoKey, Saved)>, String> {
+        let file = self.read()?;
+        Ok(file
+            .map(|f| f.choices.into_iter().map(|e| (e.key, e.choice)).collect())
+            .unwrap_or_default())
     }
-    // One partial file per process: two processes saving at once each rename a whole file.
-    let mut partial = path.as_os_str().to_owned();
-    partial.push(format!(".partial-{}", std::process::id()));
-    fs::write(&partial, text)
-        .and_then(|()| fs::rename(&partial, path))
-        .map_err(failed)
+
+    fn read(&self) -> Result<Option<File>, String> {
+        let path = self.path.display();
+        let text = match fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("{path}: {e}")),
+        };
+        let file: File = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+        if file.format != FORMAT {
+            let format = file.format;
+            return Err(format!("{path}: format {format}, this kiln reads {FORMAT}"));
+        }
+        Ok(Some(file))
+    }
+
+    /// Adds (or replaces) `key`'s choice, keeping every other choice in the file.
+    pub(crate) fn save(&self, key: AlgoKey, choice: Saved) -> Result<(), String> {
+        // What cannot be read is replaced: it would be searched again anyway.
+        let mut choices = self
+            .read()
+            .ok()
+            .flatten()
+            .map_or_else(Vec::new, |f| f.choices);
+        let key = AlgoKey { device: 0, ..key };
+        choices.retain(|e| e.key != key);
+        choices.push(Entry { key, choice });
+        let file = File {
+            format: FORMAT,
+            gpu: self.gpu.clone(),
+            cudnn: self.cudnn.clone(),
+            choices,
+        };
+        let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
+        let failed = |e: std::io::Error| format!("{}: {e}", self.path.display());
+        if let Some(dir) = self.path.parent() {
+            fs::create_dir_all(dir).map_err(failed)?;
+        }
+        // One partial file per process: two processes saving at once each rename a whole file.
+        let mut partial = self.path.as_os_str().to_owned();
+        partial.push(format!(".partial-{}", std::process::id()));
+        fs::write(&partial, text)
+            .and_then(|()| fs::rename(&partial, &self.path))
+            .map_err(failed)
+    }
 }
 
 #[cfg(test)]
@@ -141,37 +149,38 @@ mod tests {
     fn each_gpu_model_and_cudnn_version_has_its_file() {
         let root = Path::new("/cache/kiln");
         assert_eq!(
-            path(root, "NVIDIA H200", "9.19.0"),
+            Store::new(root, "NVIDIA H200", "9.19.0").path,
             Path::new("/cache/kiln/kernels/cuda-nvidia-h200/cudnn-9.19.0.json")
         );
         assert_ne!(
-            path(root, "NVIDIA H200", "9.19.0"),
-            path(root, "NVIDIA H100 80GB HBM3", "9.19.0")
+            Store::new(root, "NVIDIA H200", "9.19.0").path,
+            Store::new(root, "NVIDIA H100 80GB HBM3", "9.19.0").path
         );
         assert_ne!(
-            path(root, "NVIDIA H200", "9.19.0"),
-            path(root, "NVIDIA H200", "9.10.2")
+            Store::new(root, "NVIDIA H200", "9.19.0").path,
+            Store::new(root, "NVIDIA H200", "9.10.2").path
         );
     }
 
     #[test]
     fn choices_come_back_as_saved_without_the_device() {
         let dir = tempfile::tempdir().unwrap();
-        let file = path(dir.path(), "NVIDIA H200", "9.19.0");
+        let store = Store::new(dir.path(), "NVIDIA H200", "9.19.0");
+        let file = &store.path;
         assert_eq!(
-            load(&file).unwrap(),
+            store.load().unwrap(),
             vec![],
             "no file yet: nothing, no error"
         );
         let (a, b) = (key(64, Pass::Forward), key(64, Pass::BackwardFilter));
-        save(&file, "NVIDIA H200", "9.19.0", a, saved(1)).unwrap();
-        save(&file, "NVIDIA H200", "9.19.0", b, saved(5)).unwrap();
-        let loaded = load(&file).unwrap();
+        store.save(a, saved(1)).unwrap();
+        store.save(b, saved(5)).unwrap();
+        let loaded = store.load().unwrap();
         let at_zero = |k: AlgoKey| AlgoKey { device: 0, ..k };
         assert_eq!(loaded, vec![(at_zero(a), saved(1)), (at_zero(b), saved(5))]);
         // A key chosen again is replaced, not doubled.
-        save(&file, "NVIDIA H200", "9.19.0", a, saved(2)).unwrap();
-        let loaded = load(&file).unwrap();
+        store.save(a, saved(2)).unwrap();
+        let loaded = store.load().unwrap();
         assert_eq!(loaded.len(), 2);
         assert!(loaded.contains(&(at_zero(a), saved(2))));
         let names: Vec<_> = fs::read_dir(file.parent().unwrap()).unwrap().collect();
@@ -181,75 +190,45 @@ mod tests {
     #[test]
     fn a_save_keeps_what_another_process_saved_since() {
         let dir = tempfile::tempdir().unwrap();
-        let file = path(dir.path(), "NVIDIA H200", "9.19.0");
-        save(
-            &file,
-            "NVIDIA H200",
-            "9.19.0",
-            key(64, Pass::Forward),
-            saved(1),
-        )
-        .unwrap();
+        let store = Store::new(dir.path(), "NVIDIA H200", "9.19.0");
+        let other_process = Store::new(dir.path(), "NVIDIA H200", "9.19.0");
+        store.save(key(64, Pass::Forward), saved(1)).unwrap();
         // This process read the file before the other one saved; its save reads it again.
-        let before = load(&file).unwrap();
-        save(
-            &file,
-            "NVIDIA H200",
-            "9.19.0",
-            key(128, Pass::Forward),
-            saved(2),
-        )
-        .unwrap();
-        save(
-            &file,
-            "NVIDIA H200",
-            "9.19.0",
-            key(256, Pass::Forward),
-            saved(0),
-        )
-        .unwrap();
+        let before = store.load().unwrap();
+        other_process
+            .save(key(128, Pass::Forward), saved(2))
+            .unwrap();
+        store.save(key(256, Pass::Forward), saved(0)).unwrap();
         assert_eq!(before.len(), 1);
-        assert_eq!(load(&file).unwrap().len(), 3);
+        assert_eq!(store.load().unwrap().len(), 3);
     }
 
     #[test]
     fn an_unreadable_file_is_an_error_to_log_and_the_next_save_replaces_it() {
         let dir = tempfile::tempdir().unwrap();
-        let file = path(dir.path(), "NVIDIA H200", "9.19.0");
+        let store = Store::new(dir.path(), "NVIDIA H200", "9.19.0");
+        let file = &store.path;
         fs::create_dir_all(file.parent().unwrap()).unwrap();
         // A write cut off half-way (by hand: kiln renames whole files into place).
-        fs::write(&file, r#"{"format": 1, "gpu": "NVIDIA H200", "choi"#).unwrap();
-        let why = load(&file).unwrap_err();
+        fs::write(file, r#"{"format": 1, "gpu": "NVIDIA H200", "choi"#).unwrap();
+        let why = store.load().unwrap_err();
         assert!(why.contains("cudnn-9.19.0.json"), "{why}");
-        save(
-            &file,
-            "NVIDIA H200",
-            "9.19.0",
-            key(64, Pass::Forward),
-            saved(1),
-        )
-        .unwrap();
-        assert_eq!(load(&file).unwrap().len(), 1);
+        store.save(key(64, Pass::Forward), saved(1)).unwrap();
+        assert_eq!(store.load().unwrap().len(), 1);
 
         let other_format = r#"{"format": 2, "gpu": "x", "cudnn": "y", "choices": []}"#;
-        fs::write(&file, other_format).unwrap();
-        let why = load(&file).unwrap_err();
+        fs::write(file, other_format).unwrap();
+        let why = store.load().unwrap_err();
         assert!(why.contains("format 2"), "{why}");
     }
 
     #[test]
     fn the_file_reads_as_cudnn_terms() {
         let dir = tempfile::tempdir().unwrap();
-        let file = path(dir.path(), "NVIDIA H200", "9.19.0");
-        save(
-            &file,
-            "NVIDIA H200",
-            "9.19.0",
-            key(64, Pass::BackwardData),
-            saved(1),
-        )
-        .unwrap();
-        let text = fs::read_to_string(&file).unwrap();
+        let store = Store::new(dir.path(), "NVIDIA H200", "9.19.0");
+        let file = &store.path;
+        store.save(key(64, Pass::BackwardData), saved(1)).unwrap();
+        let text = fs::read_to_string(file).unwrap();
         for part in [
             r#""gpu": "NVIDIA H200""#,
             r#""pass": "backward_data""#,

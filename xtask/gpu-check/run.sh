@@ -19,13 +19,15 @@
 # there is one) at toy sizes, to check the script and the carried binary on a machine without GPU.
 # --steps runs only the named steps (for a machine lent for a few minutes: the important first).
 # --quick runs, instead, what a 15-minute loan (the machine's start included) has room for, its
-# step limits adding up to 8 minutes: three lanes side by side, each with its own kernel cache
+# step limits adding up to 9 minutes: four lanes side by side, each with its own kernel cache
 # (cubecl compiles on one thread per process): the cuDNN test and the quickstart cold then warm;
 # the cross-backend comparisons and PyTorch's training runs; burn's own CUDA convolution against
-# the CPU, and kiln bench's kernels compiled and tuned. Then, the GPU alone, PyTorch's and
-# kiln's benchmarks on cuda (ResNet-18 CIFAR and ResNet-50 at batch 128, train and infer, f32 and
-# bf16). It leaves five files in DIR: summary.md, bench.md, kiln.json, torch.json and
-# logs.tar.gz (every log and JSON), so that the results travel back whole.
+# the CPU, and kiln bench's kernels compiled and tuned; the same for training with burn's batch
+# norm instead of cuDNN's. Then, the GPU alone, PyTorch's and kiln's benchmarks on cuda
+# (ResNet-18 CIFAR and ResNet-50 at batch 128, train and infer, f32 and bf16), and kiln's
+# training again with burn's batch norm. It leaves five files in DIR: summary.md, bench.md,
+# kiln.json, torch.json and logs.tar.gz (every log and JSON), so that the results travel back
+# whole.
 set -uo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -39,7 +41,7 @@ while [ $# -gt 0 ]; do
         --quick) QUICK=1 ;;
         --out) OUT="$2"; shift ;;
         --steps) STEPS=",$2,"; shift ;;
-        -h|--help) sed -n 2,26p "$0"; exit 0 ;;
+        -h|--help) sed -n 2,30p "$0"; exit 0 ;;
         *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -186,6 +188,9 @@ quick() {
     local qs=(--config "$HERE/configs/quickstart.toml" --backend "$GPU")
     local bench=(--models resnet18-cifar,resnet50 --batches 128 --modes train,infer)
     local bench_kiln=("${bench[@]}" --precision f32,bf16)
+    # Training with burn's batch norm in place of cuDNN's (KILN_KERNELS=burn-batch-norm): which
+    # of the two is faster is measured, not assumed.
+    local bench_bn=(--models resnet18-cifar,resnet50 --batches 128 --modes train --precision f32)
     local trajectory=(--width 4 --image-size 16 --batch 2 --steps 1 --trajectories "$HERE/trajectory")
     local fast=(--warmup 3 --min-steps 5 --min-seconds 2)
     local CUDNN_TEST="$OUT/work/cudnn-test"
@@ -195,6 +200,7 @@ quick() {
     if [ "$DRY" = 1 ]; then
         bench=(--models resnet18-cifar --batches 8 --modes train,infer)
         bench_kiln=("${bench[@]}" --precision f32)
+        bench_bn=(--models resnet18-cifar --batches 8 --modes train --precision f32)
         fast=(--warmup 1 --min-steps 1 --min-seconds 0)
     fi
     (
@@ -217,10 +223,16 @@ quick() {
     (
         export KILN_CACHE_DIR="$OUT/cache-bench"
         # burn's autotuned CUDA convolution (what runs without cuDNN), each pass against the CPU:
-        # its gradients were seen 0.34 off on an H200; this names the shape and pass.
-        [ -x "$CUDNN_TEST" ] && step burn-conv 90 "$CUDNN_TEST" --nocapture burns_cuda
+        # its gradients were seen 0.34 off on an H200; this names the shape and pass. And its
+        # implicit-GEMM weight gradient launched directly (patches/cubek-convolution).
+        [ -x "$CUDNN_TEST" ] && step burn-conv 90 "$CUDNN_TEST" --nocapture burns_cuda burns_implicit_gemm
         step bench-compile 180 "$KILN" bench --backends "$GPU" "${bench_kiln[@]}" \
             --warmup 1 --min-steps 1 --min-seconds 0
+    ) &
+    (
+        export KILN_CACHE_DIR="$OUT/cache-bench-burn-bn"
+        KILN_KERNELS=burn-batch-norm step bench-compile-burn-bn 180 "$KILN" bench --backends "$GPU" \
+            "${bench_bn[@]}" --warmup 1 --min-steps 1 --min-seconds 0
     ) &
     wait
     for round in cold warm; do
@@ -239,8 +251,13 @@ quick() {
         step bench-kiln 120 "$KILN" bench --backends "$GPU" "${bench_kiln[@]}" "${fast[@]}" \
             "${reference[@]}" --json "$OUT/kiln.json" --markdown "$OUT/bench.md"
     )
+    (
+        export KILN_CACHE_DIR="$OUT/cache-bench-burn-bn"
+        KILN_KERNELS=burn-batch-norm step bench-burn-bn 60 "$KILN" bench --backends "$GPU" \
+            "${bench_bn[@]}" "${fast[@]}" "${reference[@]}" --json "$OUT/kiln-burn-bn.json"
+    )
     # What travels back: the tables and one archive of every log and comparison.
-    (cd "$OUT" && tar czf logs.tar.gz -- *.log *.json 2>/dev/null && rm -f -- *.log compare-*.json trajectories.json)
+    (cd "$OUT" && tar czf logs.tar.gz -- *.log *.json 2>/dev/null && rm -f -- *.log compare-*.json trajectories.json kiln-burn-bn.json)
     rm -rf "$OUT/work" "$OUT"/cache-*
 }
 if [ "$QUICK" = 1 ]; then

@@ -121,7 +121,7 @@ pub fn install_command(driver_version: Option<i32>) -> &'static str {
 /// command that fixes it.
 pub fn missing_line(driver_version: Option<i32>) -> String {
     format!(
-        "no cuDNN {} found: convolutions run on cubecl's kernels instead, 6-10x slower than PyTorch on an H200 and minutes of compiling on first use; install it with `{}` (or put libcudnn.so.9 on LD_LIBRARY_PATH)",
+        "no cuDNN {} found: convolutions and batch norm run on cubecl's kernels instead, 6-10x slower than PyTorch on an H200 and minutes of compiling on first use; install it with `{}` (or put libcudnn.so.9 on LD_LIBRARY_PATH)",
         SONAME.trim_start_matches("libcudnn.so."),
         install_command(driver_version)
     )

@@ -20,6 +20,7 @@ mod cudnn;
 #[cfg(all(test, not(feature = "cuda")))]
 #[allow(dead_code)]
 mod cudnn {
+    mod norm_math;
     mod plan;
     mod store;
 }
@@ -124,26 +125,44 @@ pub fn conv2d_epilogue<B: Backend>(
 }
 
 /// Batch normalization in training (`torch.nn.functional.batch_norm(x, None, None, weight, bias,
-/// training=True, eps=eps)`) as one operation where kiln has a kernel for it (flex under
-/// autodiff, f32): the output, and the batch's mean and biased variance per channel (`[C]`,
-/// untracked, for the running statistics). `None` elsewhere, for the caller to compose from
-/// burn's operations.
+/// training=True, eps=eps)`) as one operation where kiln has one (flex under autodiff, and
+/// cuDNN's on CUDA under autodiff; f32): the output, and the batch's mean and biased variance
+/// per channel (`[C]`, untracked, for the running statistics). `None` elsewhere, for the caller
+/// to compose from burn's operations.
 pub fn batch_norm_train<B: Backend>(
     x: &Tensor<B, 4>,
     weight: &Tensor<B, 1>,
     bias: &Tensor<B, 1>,
     eps: f64,
 ) -> Option<(Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>)> {
+    if !batch_norm_enabled() {
+        return None;
+    }
     #[cfg(feature = "flex")]
-    if enabled() {
-        return batch_norm::batch_norm_train(x, weight, bias, eps);
+    if let Some(out) = batch_norm::batch_norm_train(x, weight, bias, eps) {
+        return Some(out);
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(out) = cudnn::batch_norm_train(x, weight, bias, eps) {
+        return Some(out);
     }
     let _ = (x, weight, bias, eps);
     None
 }
 
-/// `KILN_KERNELS=burn` turns kiln's kernels off, for measuring against burn's or ruling them out.
+/// `KILN_KERNELS`: unset for kiln's kernels; `burn` for burn's operations everywhere (for
+/// measuring against burn's or ruling kiln's out); `burn-batch-norm` for kiln's convolutions
+/// with burn's batch norm (which of the two is faster on a GPU is measured, not assumed).
+fn kernels_setting() -> &'static str {
+    static SETTING: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SETTING.get_or_init(|| std::env::var("KILN_KERNELS").unwrap_or_default())
+}
+
+fn batch_norm_enabled() -> bool {
+    enabled() && kernels_setting() != "burn-batch-norm"
+}
+
+/// Whether kiln's kernels run (`KILN_KERNELS=burn` turns them off).
 pub fn enabled() -> bool {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var("KILN_KERNELS").map_or(true, |v| v != "burn"))
+    kernels_setting() != "burn"
 }

@@ -4,7 +4,8 @@
 //! same reference (its autotuned gradients were seen wrong on an H200). Skipped (with a line
 //! saying so) where there is no CUDA device or no cuDNN.
 //!
-//! And cuDNN's algorithm choices kept in kiln's cache for the next process.
+//! And cuDNN's batch norm in training against the textbook formula on the CPU; cuDNN's
+//! algorithm choices kept in kiln's cache for the next process.
 //!
 //!     cargo test --release -p kiln-kernels --features cuda --test cudnn -- --nocapture
 
@@ -69,7 +70,7 @@ fn fixed<B: AutodiffBackend>(shape: [usize; 4], salt: u64, low: f32) -> Tensor<B
 }
 
 /// (input, weight, stride, padding)
-const CASES: [([usize; 4], [usize; 4], usize, usize); 10] = [
+const CASES: [([usize; 4], [usize; 4], usize, usize); 11] = [
     // A width-16 ResNet-18's layer 4 on 32x32 images: burn's CUDA gradients were 0.34 off here.
     ([8, 128, 4, 4], [128, 128, 3, 3], 1, 1),
     ([2, 3, 9, 9], [4, 3, 3, 3], 1, 1),
@@ -81,6 +82,9 @@ const CASES: [([usize; 4], [usize; 4], usize, usize); 10] = [
     ([1, 5, 1, 1], [3, 5, 3, 3], 1, 1),
     ([1, 17, 7, 5], [19, 17, 3, 3], 1, 0),
     ([4, 64, 16, 16], [64, 64, 3, 3], 1, 1),
+    // Its layer 2's first convolution: 32 output channels fill cubek's stages, 16 * 3 * 3 = 144
+    // kernel columns do not (patches/cubek-convolution).
+    ([8, 16, 32, 32], [32, 16, 3, 3], 2, 1),
 ];
 
 /// Forward, input gradient and weight gradient through kiln (`ours`) or burn, in `dtype`,
@@ -179,6 +183,90 @@ fn cudnn_matches_burn_on_the_cpu() {
     }
 }
 
+/// Batch norm's shapes: a ResNet-18 CIFAR stem's and layer 4's, odd sizes, one value per
+/// image, and a ResNet's 16x16 maps.
+const NORM_CASES: [[usize; 4]; 5] = [
+    [8, 16, 32, 32],
+    [8, 128, 4, 4],
+    [2, 3, 5, 7],
+    [3, 8, 1, 1],
+    [4, 64, 16, 16],
+];
+
+/// Batch norm in training as the textbook writes it, in burn's operations.
+fn textbook_batch_norm<B: AutodiffBackend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    eps: f64,
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    let [n, c, h, w] = x.dims();
+    let rows = x.swap_dims(0, 1).reshape([c, n * h * w]);
+    let (mean, var) = (rows.clone().mean_dim(1), rows.clone().var_bias(1));
+    let y = (rows - mean.clone()) / (var.clone() + eps).sqrt() * weight.reshape([c, 1])
+        + bias.reshape([c, 1]);
+    let y = y.reshape([c, n, h, w]).swap_dims(0, 1);
+    (y, mean.reshape([c]).detach(), var.reshape([c]).detach())
+}
+
+/// Output, batch mean, batch variance and the gradients of input, weight and bias, through
+/// kiln (`ours`) or the textbook composition.
+fn run_batch_norm<B: AutodiffBackend>(
+    ours: bool,
+    shape: [usize; 4],
+    weighted: bool,
+) -> [TensorData; 6] {
+    let c = shape[1];
+    let x = fixed::<B>(shape, 4, -1.0).require_grad();
+    let weight = fixed::<B>([1, 1, 1, c], 5, 0.5).reshape([c]).require_grad();
+    let bias = fixed::<B>([1, 1, 1, c], 6, -1.0)
+        .reshape([c])
+        .require_grad();
+    // Work queued in the fusion stream before it, so that it reads fused output.
+    let x_in = x.clone() * 2.0 + 0.5;
+    let (y, mean, var) = if ours {
+        kiln_kernels::batch_norm_train(&x_in, &weight, &bias, 1e-5)
+            .expect("kiln's batch norm runs on CUDA under autodiff")
+    } else {
+        textbook_batch_norm(x_in, weight.clone(), bias.clone(), 1e-5)
+    };
+    let loss = if weighted {
+        (y.clone() * fixed::<B>(shape, 7, -1.0)).sum()
+    } else {
+        y.clone().sum()
+    };
+    let grads = loss.backward();
+    [
+        y.inner().into_data(),
+        mean.inner().into_data(),
+        var.inner().into_data(),
+        x.grad(&grads).unwrap().into_data(),
+        weight.grad(&grads).unwrap().into_data(),
+        bias.grad(&grads).unwrap().into_data(),
+    ]
+}
+
+/// cuDNN's batch norm (`cudnnBatchNormalizationForwardTraining` and `Backward`) against the
+/// textbook formula on the CPU: the output, the statistics handed on for the running ones, and
+/// the three gradients, with a weighted loss and with a plain sum (a broadcast gradient).
+#[test]
+fn cudnn_matches_the_textbook_batch_norm_on_the_cpu() {
+    if !gpu_with_cudnn() {
+        return;
+    }
+    let names = ["y", "mean", "var", "dx", "dweight", "dbias"];
+    for weighted in [true, false] {
+        for (i, shape) in NORM_CASES.into_iter().enumerate() {
+            let ours = run_batch_norm::<Train>(true, shape, weighted);
+            let theirs = run_batch_norm::<Reference>(false, shape, weighted);
+            for (name, (a, b)) in names.iter().zip(ours.into_iter().zip(theirs)) {
+                println!("batch norm case {i} {shape:?} weighted {weighted}: {name}");
+                a.assert_approx_eq::<f32>(&b, Tolerance::rel_abs(1e-3, 1e-4));
+            }
+        }
+    }
+}
+
 /// burn's own CUDA convolution (autotuned cubecl kernels, what runs without cuDNN) against the
 /// same reference, TF32 allowed as burn's matmuls may use it. On an H200 at 3dff4fb its
 /// gradients were 0.34 off on layer 4's shape (`kiln compare --backends flex,cuda`); this names
@@ -191,6 +279,54 @@ fn burns_cuda_convolution_matches_burn_on_the_cpu() {
     for (i, case) in CASES.into_iter().enumerate() {
         let burn = run::<Train>(false, case, DType::F32, true);
         compare("burn's CUDA kernel", i, burn, reference(case, true), 3e-2);
+    }
+}
+
+/// burn's implicit-GEMM weight gradient (`ConvStrategy::ImplicitGemm`: cubek's synchronous cmma
+/// kernel, one of the candidates autotune may keep) launched directly, against the CPU: before
+/// patches/cubek-convolution its output checked rows and columns with each other's flags, and
+/// where the output channels fill the stages and the kernel columns do not (the last case) it
+/// wrote zeros over `dW[:, :, 0, 0]`. TF32 products, so the tolerance of burn's CUDA kernels.
+#[test]
+fn burns_implicit_gemm_weight_gradient_matches_burn_on_the_cpu() {
+    use burn::tensor::{Shape, TensorPrimitive};
+    use burn_cubecl::kernel::conv::{ConvStrategy, conv_weight_backward};
+    use cubecl_cuda::CudaRuntime;
+    type Cube = burn_cubecl::CubeBackend<CudaRuntime, f32, i32, u8>;
+
+    if !gpu() {
+        return;
+    }
+    let on_gpu = |t: Tensor<Reference, 4>| {
+        Tensor::<Cube, 4>::from_data(t.inner().into_data(), &Default::default())
+            .into_primitive()
+            .tensor()
+    };
+    for (i, case) in CASES.into_iter().enumerate() {
+        let (x_shape, w_shape, stride, padding) = case;
+        let options = ConvOptions::new([stride; 2], [padding; 2], [1, 1], 1);
+        let size = |d: usize| (x_shape[d] + 2 * padding - w_shape[d]) / stride + 1;
+        let y_shape = [x_shape[0], w_shape[0], size(2), size(3)];
+        // The inputs and output gradient of `run`'s weighted loss.
+        let x = on_gpu(fixed::<Reference>(x_shape, 1, -1.0) * 0.5 + 0.25);
+        let dy = on_gpu(fixed::<Reference>(y_shape, 3, 0.0));
+        let shape = Shape::from(w_shape.to_vec());
+        match conv_weight_backward::<CudaRuntime, 2>(
+            x,
+            dy,
+            shape,
+            options,
+            ConvStrategy::ImplicitGemm,
+        ) {
+            Ok(dw) => {
+                let dw = Tensor::<Cube, 4>::from_primitive(TensorPrimitive::Float(dw));
+                let [_, _, expected] = reference(case, true);
+                println!("burn's implicit-GEMM weight gradient, case {i}");
+                dw.into_data()
+                    .assert_approx_eq::<f32>(&expected, Tolerance::rel_abs(3e-2, 3e-2));
+            }
+            Err(why) => println!("case {i}: the implicit GEMM does not take it: {why:?}"),
+        }
     }
 }
 

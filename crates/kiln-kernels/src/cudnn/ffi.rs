@@ -193,7 +193,18 @@ fn handle() -> Result<sys::cudnnHandle_t, String> {
     })
 }
 
-fn check(status: sys::cudnnStatus_t, call: &str) -> Result<(), String> {
+/// This thread's cuDNN handle, set to enqueue on the launch's stream (cubecl's).
+pub(super) fn handle_on(launch: &ExternalLaunch<'_>) -> Result<sys::cudnnHandle_t, String> {
+    let handle = handle()?;
+    // SAFETY: `handle` is live; the stream is cubecl's, alive as long as its server.
+    check(
+        unsafe { sys::cudnnSetStream(handle, launch.stream() as sys::cudaStream_t) },
+        "cudnnSetStream",
+    )?;
+    Ok(handle)
+}
+
+pub(super) fn check(status: sys::cudnnStatus_t, call: &str) -> Result<(), String> {
     match status {
         sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS => Ok(()),
         status => Err(format!("{call} failed: {status:?}")),
@@ -223,11 +234,11 @@ fn from_math_type(math: sys::cudnnMathType_t) -> MathType {
     MathType::from_cudnn_code(math as u32).unwrap_or(MathType::Default)
 }
 
-/// A packed NCHW tensor descriptor, destroyed on drop.
-struct TensorDesc(sys::cudnnTensorDescriptor_t);
+/// A tensor descriptor, destroyed on drop.
+pub(super) struct TensorDesc(pub(super) sys::cudnnTensorDescriptor_t);
 
 impl TensorDesc {
-    fn new(data: DataType, dims: [usize; 4]) -> Result<Self, String> {
+    fn create() -> Result<Self, String> {
         let mut raw = MaybeUninit::uninit();
         // SAFETY: valid out-pointer.
         check(
@@ -235,7 +246,12 @@ impl TensorDesc {
             "cudnnCreateTensorDescriptor",
         )?;
         // SAFETY: initialized by the successful call; owned from here, so dropped once.
-        let desc = TensorDesc(unsafe { raw.assume_init() });
+        Ok(TensorDesc(unsafe { raw.assume_init() }))
+    }
+
+    /// A packed NCHW tensor of `dims`.
+    pub(super) fn new(data: DataType, dims: [usize; 4]) -> Result<Self, String> {
+        let desc = Self::create()?;
         let (dims, strides) = plan::nchw_descriptor(dims);
         // SAFETY: `desc.0` is a live descriptor; `dims` and `strides` hold the 4 ints read.
         check(
@@ -249,6 +265,24 @@ impl TensorDesc {
                 )
             },
             "cudnnSetTensorNdDescriptor",
+        )?;
+        Ok(desc)
+    }
+
+    /// The per-channel tensor (`[1, C, 1, 1]`) of batch norm's weight, bias and statistics over
+    /// `x`, in the type cuDNN wants for them (f32 for every data type kiln uses).
+    pub(super) fn batch_norm(x: &TensorDesc) -> Result<Self, String> {
+        let desc = Self::create()?;
+        // SAFETY: both descriptors are live; `x` is set.
+        check(
+            unsafe {
+                sys::cudnnDeriveBNTensorDescriptor(
+                    desc.0,
+                    x.0,
+                    sys::cudnnBatchNormMode_t::CUDNN_BATCHNORM_SPATIAL,
+                )
+            },
+            "cudnnDeriveBNTensorDescriptor",
         )?;
         Ok(desc)
     }
@@ -377,12 +411,7 @@ impl Descriptors {
 /// Runs `job` on the launch's stream. `Err` says why cuDNN did not (the caller then runs
 /// burn's kernel); nothing was written to the output then that the fallback does not overwrite.
 pub(crate) fn run(launch: &mut ExternalLaunch<'_>, job: &Job) -> Result<(), String> {
-    let handle = handle()?;
-    // SAFETY: `handle` is live; the stream is cubecl's, alive as long as its server.
-    check(
-        unsafe { sys::cudnnSetStream(handle, launch.stream() as sys::cudaStream_t) },
-        "cudnnSetStream",
-    )?;
+    let handle = handle_on(launch)?;
     let desc = Descriptors::new(job)?;
     let ptrs = [0, 1, 2].map(|i| launch.ptr(i));
     let key = AlgoKey {

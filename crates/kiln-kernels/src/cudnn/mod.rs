@@ -1,13 +1,16 @@
-//! Convolutions and both their gradients through cuDNN on burn's CUDA backend: a custom
-//! autodiff operation on `Autodiff<Cuda>` (training) and the plain forward on `Cuda`
-//! (inference), each pass a custom operation in burn's fusion stream (`op.rs`) that calls cuDNN
-//! on cubecl's own stream (`ffi.rs`, through kiln's patched cubecl-cuda: `launch_external`).
+//! Convolutions and both their gradients, and batch norm in training (`norm.rs`), through cuDNN
+//! on burn's CUDA backend. A convolution is a custom autodiff operation on `Autodiff<Cuda>`
+//! (training) and the plain forward on `Cuda` (inference), each pass a custom operation in
+//! burn's fusion stream (`op.rs`) that calls cuDNN on cubecl's own stream (`ffi.rs`, through
+//! kiln's patched cubecl-cuda: `launch_external`).
 //!
 //! cuDNN is loaded at run time. Where it is missing, too old or fails to start, [`conv2d`]
 //! returns `None` and burn's convolution runs; where it fails on one call, that call runs
-//! burn's kernel instead (logged once).
+//! burn's kernel instead (logged once). Batch norm likewise.
 
 mod ffi;
+mod norm;
+mod norm_math;
 mod op;
 mod plan;
 mod store;
@@ -26,6 +29,7 @@ use burn_cubecl::CubeBackend;
 use cubecl_cuda::CudaRuntime;
 
 use crate::same;
+pub(crate) use norm::batch_norm_train;
 use plan::{DataType, Geometry, Pass};
 
 /// The backend under burn's fusion on CUDA (`Cuda` is `Fusion<Cube>`).

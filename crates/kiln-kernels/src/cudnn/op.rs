@@ -73,16 +73,20 @@ struct CudnnConv {
     options: ConvOptions<2>,
 }
 
-type Runtime = FusionCubeRuntime<CudaRuntime>;
+pub(super) type Runtime = FusionCubeRuntime<CudaRuntime>;
+pub(super) type Handles = HandleContainer<<Runtime as FusionRuntime>::FusionHandle>;
+
+/// A custom operation's inputs, computed by the stream before it.
+pub(super) fn inputs(desc: &CustomOpIr, handles: &mut Handles) -> Vec<CubeTensor<CudaRuntime>> {
+    desc.inputs
+        .iter()
+        .map(|t| handles.get_float_tensor::<Cube>(t))
+        .collect()
+}
 
 impl Operation<Runtime> for CudnnConv {
-    fn execute(&self, handles: &mut HandleContainer<<Runtime as FusionRuntime>::FusionHandle>) {
-        let inputs: Vec<CubeTensor<CudaRuntime>> = self
-            .desc
-            .inputs
-            .iter()
-            .map(|t| handles.get_float_tensor::<Cube>(t))
-            .collect();
+    fn execute(&self, handles: &mut Handles) {
+        let inputs = inputs(&self.desc, handles);
         let output = convolve(self.pass, inputs, &self.options);
         handles.register_float_tensor::<Cube>(&self.desc.outputs[0].id, output);
     }

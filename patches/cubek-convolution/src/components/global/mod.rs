@@ -1,0 +1,3 @@
+pub mod args;
+pub mod layout;
+pub mod read;

@@ -1,0 +1,2 @@
+pub mod bias_stage;
+pub mod reader;

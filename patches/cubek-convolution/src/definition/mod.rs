@@ -1,0 +1,3 @@
+mod blueprint;
+
+pub use blueprint::*;

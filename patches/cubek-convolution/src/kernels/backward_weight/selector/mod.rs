@@ -1,0 +1,3 @@
+mod select_kernel;
+
+pub use select_kernel::*;

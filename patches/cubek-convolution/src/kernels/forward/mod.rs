@@ -1,0 +1,5 @@
+pub mod args;
+pub mod launch;
+pub mod selector;
+
+pub use launch::launch_kernel;

@@ -1,0 +1,5 @@
+mod base;
+pub mod simple;
+pub mod specialized;
+
+pub use base::*;

@@ -206,9 +206,10 @@ quick() {
     (
         export KILN_CACHE_DIR="$OUT/cache-quickstart"
         step devices 20 bash -c "'$KILN' devices --backend $GPU; command -v nvidia-smi >/dev/null && nvidia-smi -L || true"
-        # Each cuDNN pass against burn's convolution on the CPU (prints "skipped" without a CUDA
-        # device); RUST_LOG=warn shows a fallback to burn's kernel ("cuDNN did not run").
-        [ -x "$CUDNN_TEST" ] && RUST_LOG=warn step cudnn 60 "$CUDNN_TEST" --nocapture cudnn_matches
+        # Each cuDNN pass against burn's convolution on the CPU, batch norm against the textbook,
+        # cuBLAS's products against burn's (prints "skipped" without a CUDA device);
+        # RUST_LOG=warn shows a fallback to burn's kernel ("cuDNN did not run", "cuBLAS did not").
+        [ -x "$CUDNN_TEST" ] && RUST_LOG=warn step cudnn 60 "$CUDNN_TEST" --nocapture cudnn_matches cublas_matches
         # cuDNN's algorithm choices kept in kiln's cache and read back by the next process.
         [ -x "$CUDNN_TEST" ] && RUST_LOG=warn step cudnn-kept 30 "$CUDNN_TEST" --nocapture choices_are_kept
         step quickstart-cold 150 "$KILN" train "${qs[@]}" --set "logging.runs_dir=\"$OUT/work/runs-cold\""

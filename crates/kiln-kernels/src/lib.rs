@@ -1,4 +1,6 @@
-//! Kernels that make kiln's training step faster on the CPU than burn 0.21 alone.
+//! Kernels that make kiln's training step faster than burn 0.21 alone: on the CPU (flex, below)
+//! and on CUDA, where convolutions and batch norm go through cuDNN (`cudnn/`) and the
+//! classifier's product through cuBLAS (`cublas/`).
 //!
 //! burn 0.21 computes a convolution's weight gradient as another convolution whose kernel is the
 //! whole output gradient, which flex runs at a fifth to a tenth of its matrix-product speed; on
@@ -9,20 +11,27 @@
 //! operation on `Autodiff<Flex>` (burn's backend-extension mechanism), not a fork of burn.
 //!
 //! Models stay generic over `Backend`: [`conv2d`] takes any backend and uses kiln's kernels only
-//! where the backend is flex (with or without autodiff) and the call is one they cover (f32, no
-//! groups). `docs/performance.md` has the measurements.
+//! where the backend is flex or CUDA (with or without autodiff) and the call is one they cover.
+//! `docs/performance.md` has the measurements.
 
 #[cfg(feature = "flex")]
 mod batch_norm;
 #[cfg(feature = "cuda")]
+mod cublas;
+#[cfg(feature = "cuda")]
 mod cudnn;
-// The pure half of the cuDNN path, tested on every build.
+// The pure half of the cuDNN and cuBLAS paths, tested on every build.
 #[cfg(all(test, not(feature = "cuda")))]
 #[allow(dead_code)]
 mod cudnn {
     mod norm_math;
     mod plan;
     mod store;
+}
+#[cfg(all(test, not(feature = "cuda")))]
+#[allow(dead_code)]
+mod cublas {
+    mod gemm;
 }
 #[cfg(feature = "flex")]
 mod epilogue;
@@ -150,16 +159,46 @@ pub fn batch_norm_train<B: Backend>(
     None
 }
 
+/// `x` (`[batch, in]`) times `weight` (`[in, out]`, burn's `Linear` layout) plus `bias`, as
+/// `torch.nn.functional.linear`, where kiln has a kernel for the product (cuBLAS on CUDA, with
+/// or without autodiff; f32, bf16, f16); `None` elsewhere, for the caller's `Linear`.
+pub fn linear<B: Backend>(
+    x: &Tensor<B, 2>,
+    weight: &Tensor<B, 2>,
+    bias: Option<&Tensor<B, 1>>,
+) -> Option<Tensor<B, 2>> {
+    if !enabled() || leaves_to_burn("matmul") {
+        return None;
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(y) = cublas::matmul(x, weight) {
+        return Some(match bias {
+            Some(bias) => y + bias.clone().unsqueeze(),
+            None => y,
+        });
+    }
+    let _ = (x, weight, bias);
+    None
+}
+
 /// `KILN_KERNELS`: unset for kiln's kernels; `burn` for burn's operations everywhere (for
-/// measuring against burn's or ruling kiln's out); `burn-batch-norm` for kiln's convolutions
-/// with burn's batch norm (which of the two is faster on a GPU is measured, not assumed).
+/// measuring against burn's or ruling kiln's out); or a comma-separated list of the parts left
+/// to burn while kiln's convolutions run: `burn-batch-norm`, `burn-matmul` (which is faster on a
+/// GPU is measured, not assumed).
 fn kernels_setting() -> &'static str {
     static SETTING: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SETTING.get_or_init(|| std::env::var("KILN_KERNELS").unwrap_or_default())
 }
 
+/// Whether `KILN_KERNELS` leaves `part` (`batch-norm`, `matmul`) to burn's operations.
+fn leaves_to_burn(part: &str) -> bool {
+    kernels_setting()
+        .split(',')
+        .any(|p| p.trim().strip_prefix("burn-") == Some(part))
+}
+
 fn batch_norm_enabled() -> bool {
-    enabled() && kernels_setting() != "burn-batch-norm"
+    enabled() && !leaves_to_burn("batch-norm")
 }
 
 /// Whether kiln's kernels run (`KILN_KERNELS=burn` turns them off).

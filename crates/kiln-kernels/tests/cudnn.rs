@@ -4,8 +4,9 @@
 //! same reference (its autotuned gradients were seen wrong on an H200). Skipped (with a line
 //! saying so) where there is no CUDA device or no cuDNN.
 //!
-//! And cuDNN's batch norm in training against the textbook formula on the CPU; cuDNN's
-//! algorithm choices kept in kiln's cache for the next process.
+//! And cuDNN's batch norm in training against the textbook formula on the CPU; the classifier's
+//! product through cuBLAS against burn's on the CPU; cuDNN's algorithm choices kept in kiln's
+//! cache for the next process.
 //!
 //!     cargo test --release -p kiln-kernels --features cuda --test cudnn -- --nocapture
 
@@ -264,6 +265,82 @@ fn cudnn_matches_the_textbook_batch_norm_on_the_cpu() {
                 a.assert_approx_eq::<f32>(&b, Tolerance::rel_abs(1e-3, 1e-4));
             }
         }
+    }
+}
+
+/// A `[rows, cols]` matrix of [`fixed`] values.
+fn fixed_matrix<B: AutodiffBackend>(dims: [usize; 2], salt: u64, low: f32) -> Tensor<B, 2> {
+    fixed::<B>([1, 1, dims[0], dims[1]], salt, low).reshape(dims)
+}
+
+/// The classifier's `x weight + bias` through kiln (`ours`: cuBLAS on CUDA) or burn's matmul,
+/// in `dtype`: output and the gradients of input, weight and bias, in f32.
+fn run_linear<B: AutodiffBackend>(
+    ours: bool,
+    (batch, inputs, outputs): (usize, usize, usize),
+    dtype: DType,
+) -> [TensorData; 4] {
+    let x = fixed_matrix::<B>([batch, inputs], 8, -1.0).require_grad();
+    let w = fixed_matrix::<B>([inputs, outputs], 9, -1.0).require_grad();
+    let b = fixed_matrix::<B>([1, outputs], 10, -1.0)
+        .reshape([outputs])
+        .require_grad();
+    let cast = FloatDType::from(dtype);
+    // Work queued in the fusion stream before it, so that it reads fused output.
+    let x_in = (x.clone() * 0.5 + 0.25).cast(cast);
+    let (w_in, b_in) = (w.clone().cast(cast), b.clone().cast(cast));
+    let y = if ours {
+        kiln_kernels::linear(&x_in, &w_in, Some(&b_in)).expect("cuBLAS runs on CUDA")
+    } else {
+        x_in.matmul(w_in) + b_in.unsqueeze()
+    };
+    let y = y.cast(FloatDType::F32);
+    let loss = (y.clone() * fixed_matrix::<B>(y.dims(), 11, 0.0)).sum();
+    let grads = loss.backward();
+    [
+        y.inner().into_data(),
+        x.grad(&grads).unwrap().into_data(),
+        w.grad(&grads).unwrap().into_data(),
+        b.grad(&grads).unwrap().into_data(),
+    ]
+}
+
+/// The classifier's product through cuBLAS (forward, and the input's and weight's gradients as
+/// two more products) against burn's on the CPU: f32 without TF32 (as PyTorch's matmuls), and
+/// bf16; with autodiff and without. (batch, in, out): the quickstart's and ResNet-50's
+/// classifiers and odd sizes.
+#[test]
+fn cublas_matches_burn_on_the_cpu() {
+    if !gpu() {
+        return;
+    }
+    let probe = fixed_matrix::<Train>([2, 3], 1, -1.0);
+    if kiln_kernels::linear(&probe, &probe.clone().transpose(), None).is_none() {
+        println!("skipped: cuBLAS not used (not on the library path, or KILN_KERNELS)");
+        return;
+    }
+    for case in [(64, 128, 10), (3, 2048, 1000), (1, 5, 7), (17, 33, 1)] {
+        for (dtype, tol) in [(DType::F32, 1e-4), (DType::BF16, 3e-2)] {
+            let ours = run_linear::<Train>(true, case, dtype);
+            let theirs = run_linear::<Reference>(false, case, DType::F32);
+            for (name, (a, b)) in ["y", "dx", "dw", "db"]
+                .iter()
+                .zip(ours.into_iter().zip(theirs))
+            {
+                println!("cuBLAS {case:?} {dtype:?}: {name}");
+                a.assert_approx_eq::<f32>(&b, Tolerance::rel_abs(tol, tol));
+            }
+        }
+        // Inference (plain `Cuda`, no autodiff).
+        let (batch, inputs, outputs) = case;
+        let x = fixed_matrix::<Train>([batch, inputs], 8, -1.0).inner();
+        let w = fixed_matrix::<Train>([inputs, outputs], 9, -1.0).inner();
+        let ours = kiln_kernels::linear(&x, &w, None).expect("cuBLAS runs without autodiff");
+        let x = fixed_matrix::<Reference>([batch, inputs], 8, -1.0).inner();
+        let w = fixed_matrix::<Reference>([inputs, outputs], 9, -1.0).inner();
+        println!("cuBLAS {case:?} inference");
+        ours.into_data()
+            .assert_approx_eq::<f32>(&x.matmul(w).into_data(), Tolerance::rel_abs(1e-4, 1e-4));
     }
 }
 

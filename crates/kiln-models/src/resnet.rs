@@ -410,7 +410,10 @@ impl<B: Backend> ResNet<B> {
         // Global average pool: torchvision's AdaptiveAvgPool2d((1, 1)) and flatten, in f32.
         let [n, c, _, _] = x.dims();
         let pooled = to_f32(x).mean_dim(3).mean_dim(2).reshape([n, c]);
-        self.fc.forward(pooled)
+        // cuBLAS's product on CUDA, burn's `Linear` elsewhere.
+        let bias = self.fc.bias.as_ref().map(|b| b.val());
+        kiln_kernels::linear(&pooled, &self.fc.weight.val(), bias.as_ref())
+            .unwrap_or_else(|| self.fc.forward(pooled))
     }
 
     pub fn num_classes(&self) -> usize {

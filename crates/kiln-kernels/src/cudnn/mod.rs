@@ -11,7 +11,7 @@
 mod ffi;
 mod norm;
 mod norm_math;
-mod op;
+pub(crate) mod op;
 mod plan;
 mod store;
 

@@ -73,11 +73,11 @@ struct CudnnConv {
     options: ConvOptions<2>,
 }
 
-pub(super) type Runtime = FusionCubeRuntime<CudaRuntime>;
-pub(super) type Handles = HandleContainer<<Runtime as FusionRuntime>::FusionHandle>;
+pub(crate) type Runtime = FusionCubeRuntime<CudaRuntime>;
+pub(crate) type Handles = HandleContainer<<Runtime as FusionRuntime>::FusionHandle>;
 
 /// A custom operation's inputs, computed by the stream before it.
-pub(super) fn inputs(desc: &CustomOpIr, handles: &mut Handles) -> Vec<CubeTensor<CudaRuntime>> {
+pub(crate) fn inputs(desc: &CustomOpIr, handles: &mut Handles) -> Vec<CubeTensor<CudaRuntime>> {
     desc.inputs
         .iter()
         .map(|t| handles.get_float_tensor::<Cube>(t))

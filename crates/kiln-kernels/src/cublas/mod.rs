@@ -27,9 +27,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::{Autodiff, Cuda};
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{
-    DType, FloatDType, Shape, Tensor, TensorMetadata, TensorPrimitive, backend::Backend,
-};
+use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive, backend::Backend};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
@@ -39,7 +37,7 @@ use burn_ir::{CustomOpIr, OperationIr, TensorIr};
 use cubecl_cuda::{CudaRuntime, ExternalLaunch};
 use cudarc::cublas::sys;
 
-use crate::cudnn::op::{Handles, Runtime, inputs};
+use crate::cudnn::op::{Handles, Runtime, grad_in, inputs};
 use crate::same;
 use gemm::Product;
 
@@ -117,16 +115,7 @@ impl Backward<Cuda, 2> for MatmulBackward {
         let weight = checkpointer.retrieve_node_output::<FloatTensor<Cuda>>(weight_state);
         let dims = |t: &FloatTensor<Cuda>| -> [usize; 2] { t.shape().dims() };
         let (x_dims, w_dims, dy_dims) = (dims(&x), dims(&weight), dims(&dy));
-        // The gradient in the product's dtype (a loss in f32 behind a 16-bit product may hand
-        // back f32).
-        let dy = if dy.dtype() == x.dtype() {
-            dy
-        } else {
-            let dy = Tensor::<Cuda, 2>::from_primitive(TensorPrimitive::Float(dy));
-            dy.cast(FloatDType::from(x.dtype()))
-                .into_primitive()
-                .tensor()
-        };
+        let dy = grad_in(dy, x.dtype());
         // dx = dy weight^T, dweight = x^T dy.
         if let Some(node) = x_node {
             let product = Product::new(dy_dims, false, w_dims, true).expect("dy times weight^T");

@@ -24,7 +24,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::{Autodiff, Cuda};
 use burn::tensor::ops::{ConvOptions, FloatTensor};
-use burn::tensor::{FloatDType, Tensor, TensorMetadata, TensorPrimitive, backend::Backend};
+use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive, backend::Backend};
 use burn_cubecl::CubeBackend;
 use cubecl_cuda::CudaRuntime;
 
@@ -141,16 +141,7 @@ impl Backward<Cuda, 2> for Conv2dBackward {
         let (x_state, weight_state, options) = ops.state;
         let x = checkpointer.retrieve_node_output::<FloatTensor<Cuda>>(x_state);
         let weight = checkpointer.retrieve_node_output::<FloatTensor<Cuda>>(weight_state);
-        // The output gradient in the convolution's dtype (a loss in f32 behind a 16-bit
-        // convolution may hand back f32).
-        let grad = if grad.dtype() == x.dtype() {
-            grad
-        } else {
-            let grad = Tensor::<Cuda, 4>::from_primitive(TensorPrimitive::Float(grad));
-            grad.cast(FloatDType::from(x.dtype()))
-                .into_primitive()
-                .tensor()
-        };
+        let grad = op::grad_in(grad, x.dtype());
         let x_dims: [usize; 4] = x.shape().dims();
         let w_dims: [usize; 4] = weight.shape().dims();
         if let Some(node) = weight_node {

@@ -13,8 +13,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use burn::tensor::ops::{ConvOptions, FloatTensor, ModuleOps};
-use burn::tensor::{DType, Shape, TensorMetadata};
+use burn::tensor::ops::{ConvOptions, FloatTensor, FloatTensorOps, ModuleOps};
+use burn::tensor::{DType, FloatDType, Shape, TensorMetadata};
 use burn_cubecl::fusion::FusionCubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
@@ -71,6 +71,16 @@ struct CudnnConv {
     desc: CustomOpIr,
     pass: Pass,
     options: ConvOptions<2>,
+}
+
+/// An output gradient in its operation's dtype: a loss in f32 behind a 16-bit operation may
+/// hand back f32.
+pub(crate) fn grad_in(grad: FloatTensor<Cuda>, dtype: DType) -> FloatTensor<Cuda> {
+    if grad.dtype() == dtype {
+        grad
+    } else {
+        <Cuda as FloatTensorOps<Cuda>>::float_cast(grad, FloatDType::from(dtype))
+    }
 }
 
 pub(crate) type Runtime = FusionCubeRuntime<CudaRuntime>;

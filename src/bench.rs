@@ -49,6 +49,12 @@ pub struct BenchArgs {
     #[arg(long)]
     passes: bool,
 
+    /// Also count the kernels a training step launches, by kind, with their device time, from
+    /// cubecl's profiling (GPU backends; every launch then waits for the device, so the row's
+    /// timings say where the time goes, not how fast kiln is).
+    #[arg(long)]
+    kernels: bool,
+
     /// PyTorch's figures (from xtask/scripts/bench_torch.py) to print beside kiln's.
     #[arg(long)]
     reference: Option<PathBuf>,
@@ -106,6 +112,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ..Budget::default()
         },
         passes: args.passes,
+        kernels: args.kernels,
     };
     let rows = check::bench(&options, &mut print_progress);
     let table = bench::markdown(&rows, &pytorch);

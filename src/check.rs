@@ -367,6 +367,9 @@ pub struct BenchOptions {
     pub budget: Budget,
     /// Also time a training step's forward pass, backward pass and optimizer update apart.
     pub passes: bool,
+    /// Also count a training step's kernels by kind, from cubecl's profiling (which makes every
+    /// launch wait for the device: timings are then for where the time goes, not for speed).
+    pub kernels: bool,
 }
 
 /// What a benchmark has got to, as it goes: rows take seconds to minutes each.
@@ -397,6 +400,15 @@ pub fn bench(
         true => default_bench_backends(&probe),
         false => options.backends.clone(),
     };
+    let kernels = options.kernels.then(|| {
+        let log = std::env::temp_dir().join(format!("kiln-kernels-{}.log", std::process::id()));
+        kiln_backend::kernel_cache::profile_kernels_to(log.clone());
+        kiln_check::kernels::KernelLog::new(&log)
+    });
+    let extras = bench::Extras {
+        passes: options.passes,
+        kernels,
+    };
     let mut rows = Vec::new();
     for backend in backends {
         let resolved = match resolve(
@@ -421,6 +433,7 @@ pub fn bench(
         let task = Measure {
             backend,
             options,
+            extras: &extras,
             memory: MemoryMeter::for_device(&resolved),
             device: resolved.devices[0].name.clone(),
             device_class: device_class(&resolved),
@@ -476,6 +489,7 @@ fn device_class(resolved: &Resolved) -> String {
 struct Measure<'a> {
     backend: Backend,
     options: &'a BenchOptions,
+    extras: &'a bench::Extras,
     memory: MemoryMeter,
     device: String,
     device_class: String,
@@ -489,6 +503,7 @@ impl BackendTask for Measure<'_> {
         let Measure {
             backend,
             options,
+            extras,
             mut memory,
             device: name,
             device_class,
@@ -520,7 +535,7 @@ impl BackendTask for Measure<'_> {
                             batch,
                             mode,
                             options.budget,
-                            options.passes,
+                            extras,
                             &target,
                             device,
                             &mut memory,

@@ -22,8 +22,8 @@ pub struct CudnnFiles {
     pub origin: String,
 }
 
-/// The major version of cuDNN whose API kiln is built against (cudarc's `cudnn-09021`).
-const SONAME: &str = "libcudnn.so.9";
+/// cuDNN 9's library, the only cuDNN kiln opens (kiln-kernels calls its API by this name).
+pub const SONAME: &str = "libcudnn.so.9";
 
 /// The first cuDNN 9 found, in the order the dynamic loader would try: `library_path`
 /// (`$LD_LIBRARY_PATH`, then the system's folders), then each toolkit's libraries, then NVIDIA's
@@ -106,6 +106,18 @@ pub fn version_name(version: usize) -> String {
         (version / 1000, version % 1000)
     };
     format!("{major}.{}.{}", rest / 100, rest % 100)
+}
+
+/// Whether the library opened as cuDNN 9 is cuDNN 9 (`cudnnGetVersion()`); the line saying what
+/// was found otherwise.
+pub fn require_9(version: usize) -> Result<(), String> {
+    match version {
+        90000..100000 => Ok(()),
+        _ => Err(format!(
+            "{SONAME} is cuDNN {}, not cuDNN 9: convolutions and batch norm run on cubecl's kernels instead; install cuDNN 9 (`pip install nvidia-cudnn-cu12` or -cu13) and put its libcudnn.so.9 first on LD_LIBRARY_PATH",
+            version_name(version)
+        )),
+    }
 }
 
 /// The pip command that installs cuDNN 9 for a driver of this CUDA version (cuDriverGetVersion's
@@ -193,6 +205,14 @@ mod tests {
         assert!(missing_line(Some(13000)).contains("pip install nvidia-cudnn-cu13"));
         assert!(missing_line(Some(12080)).contains("pip install nvidia-cudnn-cu12"));
         assert!(missing_line(None).contains("cubecl's kernels"));
+    }
+
+    #[test]
+    fn only_cudnn_9_is_taken() {
+        assert!(require_9(91900).is_ok());
+        let old = require_9(8907).unwrap_err();
+        assert!(old.contains("cuDNN 8.9.7, not cuDNN 9"), "{old}");
+        assert!(require_9(100000).is_err());
     }
 
     #[test]

@@ -32,11 +32,25 @@ pub fn user_config(dir: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Where cubecl's profiling log goes, when asked for before the first device starts
+/// ([`profile_kernels_to`]).
+static PROFILE_LOG: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Has cubecl time every kernel it launches and write one line for each to `file`
+/// (`| <device time> | <kernel>`), as `CUBECL_DEBUG_OPTION=profile` does: for counting a
+/// step's kernels (`kiln bench --kernels`). Each launch then waits for the device: the figures
+/// are for where the time goes, not for speed. Takes effect only before cubecl's config is
+/// first read (the first GPU device of the process).
+pub fn profile_kernels_to(file: PathBuf) {
+    let _ = PROFILE_LOG.set(file);
+}
+
 /// Sets cubecl's caches to `folder` before any GPU device is created (cubecl reads its config
 /// once, on first use), keeping the environment's overrides (`CUBECL_DEBUG_LOG`, ...).
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub fn configure(folder: PathBuf) -> KernelCache {
     use cubecl_runtime::config::cache::CacheConfig;
+    use cubecl_runtime::config::profiling::ProfilingLogLevel;
     use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
 
     let here = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
@@ -50,7 +64,13 @@ pub fn configure(folder: PathBuf) -> KernelCache {
     let mut config = CubeClRuntimeConfig::default();
     config.compilation.cache = Some(CacheConfig::File(folder.clone()));
     config.autotune.cache = CacheConfig::File(folder.clone());
-    CubeClRuntimeConfig::set(config.override_from_env());
+    let mut config = config.override_from_env();
+    if let Some(file) = PROFILE_LOG.get() {
+        config.profiling.logger.level = ProfilingLogLevel::Basic;
+        config.profiling.logger.file = Some(file.clone());
+        config.profiling.logger.append = false;
+    }
+    CubeClRuntimeConfig::set(config);
     KernelCache::Kiln(folder)
 }
 

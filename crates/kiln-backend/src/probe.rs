@@ -454,11 +454,7 @@ mod cuda_probe {
             preload_in_any_order(&files.companions);
             preload(&files.library);
         }
-        // SAFETY: only tries to dlopen the library, as cudarc itself does on first use.
-        if !unsafe { cudarc::cudnn::sys::is_culib_present() } {
-            return Err(cudnn_setup::missing_line(driver_version()));
-        }
-        let version = cudnn_setup::version_name(cudarc::cudnn::result::get_version());
+        let version = cudnn_setup::version_name(cudnn_version()?);
         Ok(match files {
             Some(files) => format!(
                 "cuDNN {version} ({}, from {})",
@@ -467,6 +463,21 @@ mod cuda_probe {
             ),
             None => format!("cuDNN {version} (on the library path)"),
         })
+    }
+
+    /// The version of the cuDNN that kiln-kernels opens (by cuDNN 9's name, `libcudnn.so.9`,
+    /// which finds the file preloaded above first), or the line saying what is missing or wrong.
+    fn cudnn_version() -> Result<usize, String> {
+        // SAFETY: cuDNN runs no initialisers with requirements on the caller.
+        let library = unsafe { libloading::Library::new(cudnn_setup::SONAME) }
+            .map_err(|_| cudnn_setup::missing_line(driver_version()))?;
+        // SAFETY: `cudnnGetVersion` takes nothing and returns `size_t` in every cuDNN.
+        let get = unsafe { library.get::<unsafe extern "C" fn() -> usize>(b"cudnnGetVersion\0") }
+            .map_err(|e| format!("{} has no cudnnGetVersion: {e}", cudnn_setup::SONAME))?;
+        // SAFETY: as above.
+        let version = unsafe { get() };
+        cudnn_setup::require_9(version)?;
+        Ok(version)
     }
 
     /// Opens each library, retrying those whose dependencies among the others were not open

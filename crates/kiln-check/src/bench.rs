@@ -20,6 +20,7 @@ use kiln_train::step::{Replica, StepPlan};
 use serde::{Deserialize, Serialize};
 
 use crate::CheckError;
+use crate::kernels::{KernelCounts, KernelLog};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -139,6 +140,21 @@ pub struct Measurement {
     /// Where a training step's time goes (`kiln bench --passes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passes: Option<Passes>,
+    /// Host time of a training step (kiln's rows): median milliseconds until the training
+    /// thread has queued the step (the autodiff graph and burn's operations; the GPU backends
+    /// run them on threads of their own), and the process's CPU time per step, every thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostTime>,
+    /// Kernels launched per training step, by kind (`kiln bench --kernels`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<KernelCounts>,
+}
+
+/// A training step's host time, in milliseconds (see [`Measurement::host`]).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct HostTime {
+    pub enqueue_ms: f64,
+    pub cpu_ms: f64,
 }
 
 /// A training step's three parts, each timed to the host's having its result: the forward pass
@@ -158,15 +174,24 @@ pub struct Target<'a> {
     pub device_class: &'a str,
 }
 
-/// Measures one workload at one batch size on `device`; with `passes`, a training measurement is
-/// followed by one of its parts.
+/// What a measurement adds to its timings.
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    /// Time a training step's passes apart (`kiln bench --passes`).
+    pub passes: bool,
+    /// Count a training step's kernels in cubecl's profiling log (`kiln bench --kernels`).
+    pub kernels: Option<KernelLog>,
+}
+
+/// Measures one workload at one batch size on `device`; with `extras`, a training measurement
+/// is followed by one of its parts, or a count of its kernels.
 #[allow(clippy::too_many_arguments)]
 pub fn measure<B: AutodiffBackend>(
     workload: &Workload,
     batch_size: usize,
     mode: Mode,
     budget: Budget,
-    passes: bool,
+    extras: &Extras,
     target: &Target,
     device: &B::Device,
     memory: &mut MemoryMeter,
@@ -178,11 +203,18 @@ pub fn measure<B: AutodiffBackend>(
         .init(device)?
         .with_precision(workload.precision);
     let batch = random_batch::<B>(workload, batch_size, device);
-    let passes =
-        (passes && mode == Mode::Train).then(|| time_passes(model.clone(), &batch, budget, device));
-    let step_ms = match mode {
-        Mode::Train => time_training(model, batch, budget, device, memory),
-        Mode::Infer => time_inference(model.valid(), batch.images.inner(), budget, memory),
+    let train = mode == Mode::Train;
+    let passes = (extras.passes && train).then(|| time_passes(model.clone(), &batch, budget, device));
+    let (step_ms, host, kernels) = match mode {
+        Mode::Train => {
+            let log = extras.kernels.as_ref();
+            let trained = time_training(model, batch, budget, device, memory, log);
+            (trained.step_ms, Some(trained.host), trained.kernels)
+        }
+        Mode::Infer => {
+            let step_ms = time_inference(model.valid(), batch.images.inner(), budget, memory);
+            (step_ms, None, None)
+        }
     };
     let median = median(&step_ms);
     Ok(Measurement {
@@ -200,8 +232,21 @@ pub fn measure<B: AutodiffBackend>(
         steps: step_ms.len(),
         peak_memory_bytes: memory.peak_bytes(),
         passes,
+        host,
+        kernels,
     })
 }
+
+/// A training measurement: each timed step's milliseconds, its host time, and its kernels
+/// where counted.
+struct Trained {
+    step_ms: Vec<f64>,
+    host: HostTime,
+    kernels: Option<KernelCounts>,
+}
+
+/// Steps whose kernels are counted, after the timed ones.
+const COUNTED_STEPS: usize = 3;
 
 /// The trainer's own step (`Replica::step`), with SGD and momentum; a step ends when its loss
 /// has reached the host, as it does every `print_every` steps in training.
@@ -211,11 +256,13 @@ fn time_training<B: AutodiffBackend>(
     budget: Budget,
     device: &B::Device,
     memory: &mut MemoryMeter,
-) -> Vec<f64> {
+    kernels: Option<&KernelLog>,
+) -> Trained {
     let loss_fn = CrossEntropyLossConfig::new().init(device);
     let mut replica = Replica::new(model, sgd_with_momentum::<B>(), loss_fn, device.clone());
     let plan = StepPlan::alone(batch.len());
-    timed_steps(budget, memory, || {
+    let mut enqueue_ms = Vec::new();
+    let mut step = |enqueue_ms: &mut Vec<f64>| {
         let step_batch = DeviceBatch {
             images: batch.images.clone(),
             labels: batch.labels.clone(),
@@ -223,11 +270,51 @@ fn time_training<B: AutodiffBackend>(
             skipped: Vec::new(),
             indices: Vec::new(),
         };
+        let clock = Instant::now();
         replica
             .step(vec![step_batch], &plan, 0.01)
             .expect("one replica alone makes no collective call");
+        enqueue_ms.push(milliseconds(clock));
         replica.take_stats();
-    })
+    };
+    let cpu_before = process_cpu_seconds();
+    let step_ms = timed_steps(budget, memory, || step(&mut enqueue_ms));
+    let cpu_ms = (process_cpu_seconds() - cpu_before) * 1000.0
+        / (budget.warmup + step_ms.len()) as f64;
+    let host = HostTime {
+        enqueue_ms: median(&enqueue_ms[budget.warmup.min(enqueue_ms.len())..]),
+        cpu_ms,
+    };
+    let kernels = kernels.map(|log| {
+        let _ = B::sync(device);
+        let mark = log.mark();
+        for _ in 0..COUNTED_STEPS {
+            step(&mut Vec::new());
+        }
+        let _ = B::sync(device);
+        log.since(mark, COUNTED_STEPS)
+    });
+    Trained {
+        step_ms,
+        host,
+        kernels,
+    }
+}
+
+/// The CPU time this process has used, every thread, in seconds (user and system).
+fn process_cpu_seconds() -> f64 {
+    #[cfg(unix)]
+    {
+        let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: `usage` is a valid out-pointer for one `rusage`.
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) } == 0 {
+            // SAFETY: initialised by the successful call.
+            let usage = unsafe { usage.assume_init() };
+            let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+            return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+        }
+    }
+    f64::NAN
 }
 
 fn sgd_with_momentum<B: AutodiffBackend>() -> AnyOptimizer<ResNet<B>, B> {
@@ -376,6 +463,33 @@ pub fn markdown(kiln: &[Measurement], pytorch: &[Measurement]) -> String {
             }
         }
         out += "\n";
+    }
+    if kiln.iter().any(|row| row.host.is_some()) {
+        out += "\n| backend | model | batch | step ms | host: queued ms | host: CPU ms, all threads |\n";
+        out += "|---|---|---:|---:|---:|---:|\n";
+        for row in kiln {
+            if let Some(h) = &row.host {
+                out += &format!(
+                    "| {} | {} | {} | {:.1} | {:.1} | {:.1} |\n",
+                    row.variant, row.model, row.batch, row.step_ms, h.enqueue_ms, h.cpu_ms
+                );
+            }
+        }
+    }
+    for row in kiln {
+        if let Some(k) = &row.kernels {
+            out += &format!(
+                "\nKernels per training step, {} {} batch {}: {:.0} launches\n\n",
+                row.variant, row.model, row.batch, k.per_step
+            );
+            out += "| kernel | launches per step | device ms per step |\n|---|---:|---:|\n";
+            for kind in &k.kinds {
+                out += &format!(
+                    "| {} | {:.1} | {:.2} |\n",
+                    kind.kind, kind.per_step, kind.device_ms
+                );
+            }
+        }
     }
     if kiln.iter().any(|row| row.passes.is_some()) {
         out += "\n| backend | model | batch | forward ms | backward ms | optimizer ms |\n";

@@ -11,6 +11,7 @@
 
 pub mod bench;
 pub mod compare;
+pub mod kernels;
 pub mod parity;
 pub mod report;
 pub mod trajectory;

@@ -26,7 +26,10 @@ fn a_training_row_on_flex_has_throughput_time_and_memory() {
             4,
             mode,
             budget,
-            true,
+            &bench::Extras {
+                passes: true,
+                kernels: None,
+            },
             &target,
             &Default::default(),
             &mut memory,
@@ -44,6 +47,15 @@ fn a_training_row_on_flex_has_throughput_time_and_memory() {
         );
         if cfg!(target_os = "linux") {
             assert!(row.peak_memory_bytes.unwrap() > 1 << 20);
+        }
+        // A training step's host time: the training thread's part of one step, and CPU time.
+        match (mode, row.host) {
+            (Mode::Train, Some(host)) => {
+                assert!(host.enqueue_ms > 0.0 && host.enqueue_ms <= row.step_ms * 1.5, "{host:?}");
+                assert!(host.cpu_ms > 0.0, "{host:?}");
+            }
+            (Mode::Infer, None) => {}
+            other => panic!("host time of {mode:?}: {other:?}"),
         }
         // The parts of a training step: each took time, and together about one step.
         match (mode, row.passes) {
@@ -92,6 +104,8 @@ fn row(framework: &str, variant: &str, batch: usize, images_per_s: f64) -> Measu
         steps: 3,
         peak_memory_bytes: Some(3 << 29),
         passes: None,
+        host: None,
+        kernels: None,
     }
 }
 

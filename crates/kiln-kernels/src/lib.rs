@@ -26,6 +26,7 @@ mod cudnn;
 mod cudnn {
     mod norm_math;
     mod plan;
+    mod policy;
     mod store;
 }
 #[cfg(all(test, not(feature = "cuda")))]
@@ -35,6 +36,8 @@ mod cublas {
 }
 #[cfg(feature = "flex")]
 mod epilogue;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod portable;
 #[cfg(feature = "flex")]
 mod flex;
 #[cfg(feature = "flex")]
@@ -79,6 +82,15 @@ pub fn cudnn_status() -> Result<String, String> {
     return cudnn::status();
     #[cfg(not(feature = "cuda"))]
     Err("kiln was built without the `cuda` feature".into())
+}
+
+/// How many cuDNN algorithm searches this process has run (each waits for the GPU and times
+/// every algorithm of a convolution pass, once per shape): for the GPU check's time limits.
+pub fn cudnn_searches() -> usize {
+    #[cfg(feature = "cuda")]
+    return cudnn::searches();
+    #[cfg(not(feature = "cuda"))]
+    0
 }
 
 static TF32: AtomicBool = AtomicBool::new(true);
@@ -159,6 +171,57 @@ pub fn batch_norm_train<B: Backend>(
     None
 }
 
+/// One training step of a batch norm layer and what follows it in a ResNet:
+/// `relu(batch_norm(x) + residual)`, the residual and ReLU where given, with the running
+/// statistics moved as PyTorch moves them (`momentum`, the unbiased variance) and the count of
+/// batches raised by one.
+pub struct BatchNormStep<B: Backend> {
+    pub x: Tensor<B, 4>,
+    pub weight: Tensor<B, 1>,
+    pub bias: Tensor<B, 1>,
+    pub running_mean: Tensor<B, 1>,
+    pub running_var: Tensor<B, 1>,
+    pub num_batches_tracked: Tensor<B, 1>,
+    pub momentum: f64,
+    pub eps: f64,
+    /// Added after the batch norm, before ReLU (a ResNet block's shortcut).
+    pub residual: Option<Tensor<B, 4>>,
+    pub relu: bool,
+}
+
+/// What [`batch_norm_step`] returns: the output and the new running statistics (untracked).
+pub struct BatchNormStepped<B: Backend> {
+    pub y: Tensor<B, 4>,
+    pub running_mean: Tensor<B, 1>,
+    pub running_var: Tensor<B, 1>,
+    pub num_batches_tracked: Tensor<B, 1>,
+}
+
+/// [`BatchNormStep`] as one operation each way where kiln has one for the backend: its own
+/// CubeCL kernels on wgpu (two launches each way, where burn's operations took about thirty
+/// and their layout copies), and on CUDA where `KILN_KERNELS=portable-batch-norm` asks for them
+/// instead of cuDNN's; f32, under autodiff. `None` elsewhere, for the caller to compose.
+pub fn batch_norm_step<B: Backend>(step: &BatchNormStep<B>) -> Option<BatchNormStepped<B>> {
+    if !batch_norm_enabled() {
+        return None;
+    }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(out) = portable::batch_norm_train(step) {
+        return Some(out);
+    }
+    let _ = step;
+    None
+}
+
+/// Whether kiln's portable batch norm runs on CUDA instead of cuDNN's
+/// (`KILN_KERNELS=portable-batch-norm`; which is faster is measured by the GPU check).
+#[cfg(feature = "cuda")]
+pub(crate) fn portable_batch_norm_on_cuda() -> bool {
+    kernels_setting()
+        .split(',')
+        .any(|p| p.trim() == "portable-batch-norm")
+}
+
 /// `x` (`[batch, in]`) times `weight` (`[in, out]`, burn's `Linear` layout) plus `bias`, as
 /// `torch.nn.functional.linear`, where kiln has a kernel for the product (cuBLAS on CUDA, with
 /// or without autodiff; f32, bf16, f16); `None` elsewhere, for the caller's `Linear`.
@@ -183,8 +246,9 @@ pub fn linear<B: Backend>(
 
 /// `KILN_KERNELS`: unset for kiln's kernels; `burn` for burn's operations everywhere (for
 /// measuring against burn's or ruling kiln's out); or a comma-separated list of the parts left
-/// to burn while kiln's convolutions run: `burn-batch-norm`, `burn-matmul` (which is faster on a
-/// GPU is measured, not assumed).
+/// to burn while kiln's convolutions run: `burn-batch-norm`, `burn-matmul`; and
+/// `portable-batch-norm` for kiln's CubeCL batch norm on CUDA in place of cuDNN's (which is
+/// faster on a GPU is measured, not assumed).
 fn kernels_setting() -> &'static str {
     static SETTING: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SETTING.get_or_init(|| std::env::var("KILN_KERNELS").unwrap_or_default())

@@ -2,7 +2,8 @@
 //! f32): forward, input gradient and weight gradient, for the shapes ResNets use and a few odd
 //! ones, in f32 (TF32 off and on), bf16 and f16; and burn's own CUDA convolution against the
 //! same reference (its autotuned gradients were seen wrong on an H200). Skipped (with a line
-//! saying so) where there is no CUDA device or no cuDNN.
+//! saying so) where there is no CUDA device or no cuDNN, unless `KILN_REQUIRE_CUDA=1` (then they
+//! fail, naming what is missing).
 //!
 //! And cuDNN's batch norm in training against the textbook formula on the CPU; the classifier's
 //! product through cuBLAS against burn's on the CPU; cuDNN's algorithm choices kept in kiln's
@@ -21,25 +22,22 @@ type Train = Autodiff<Cuda>;
 /// The reference: burn's convolution on the CPU, in f32.
 type Reference = Autodiff<Flex>;
 
-/// Whether there is a CUDA device here; prints why not.
+/// Whether kiln can train on CUDA here, set up as the `kiln` binary sets it up (kiln-backend's
+/// probe: the driver, NVRTC and CUDA's headers found in a toolkit or NVIDIA's pip wheels, and
+/// cuDNN 9 opened by path). Where it cannot, the test is skipped with a line saying why; or,
+/// where `KILN_REQUIRE_CUDA` is set (the GPU check sets it), it fails, naming what is missing.
 fn gpu() -> bool {
-    // SAFETY: only tries to open libcuda.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        println!("skipped: no CUDA device (libcuda not found)");
-        return false;
-    }
-    let count =
-        cudarc::driver::result::init().and_then(|_| cudarc::driver::result::device::get_count());
-    match count {
-        Ok(n) if n > 0 => true,
-        other => {
-            println!("skipped: no CUDA device ({other:?})");
-            false
+    let probe = kiln_backend::probe();
+    match probe.report(kiln_backend::Backend::Cuda).devices() {
+        Ok(devices) => {
+            println!("CUDA: {}", devices[0].name);
+            true
         }
+        Err(why) => skip_or_fail(&format!("no CUDA device kiln can use: {why}")),
     }
 }
 
-/// Whether there is a CUDA device and kiln's convolutions go through cuDNN; prints why not.
+/// Whether there is a CUDA device and kiln's convolutions go through cuDNN; says why not.
 fn gpu_with_cudnn() -> bool {
     if !gpu() {
         return false;
@@ -49,11 +47,17 @@ fn gpu_with_cudnn() -> bool {
             println!("cuDNN {version}");
             true
         }
-        Err(why) => {
-            println!("skipped: cuDNN not used: {why}");
-            false
-        }
+        Err(why) => skip_or_fail(&format!("cuDNN not used: {why}")),
     }
+}
+
+/// `false` (skip, with a line saying why), or a failure where `KILN_REQUIRE_CUDA` is set.
+fn skip_or_fail(why: &str) -> bool {
+    if std::env::var_os("KILN_REQUIRE_CUDA").is_some_and(|v| !v.is_empty() && v != "0") {
+        panic!("KILN_REQUIRE_CUDA is set, but {why}");
+    }
+    println!("skipped: {why}");
+    false
 }
 
 /// Values spread over `low..1` from a fixed hash of their index and `salt`.
@@ -140,6 +144,7 @@ fn cudnn_matches_burn_on_the_cpu() {
     if !gpu_with_cudnn() {
         return;
     }
+    let started = std::time::Instant::now();
     // f32 with plain f32 products: as close as two summation orders.
     kiln_kernels::set_tf32(false);
     for (i, case) in CASES.into_iter().enumerate() {
@@ -182,6 +187,12 @@ fn cudnn_matches_burn_on_the_cpu() {
             compare(&format!("{dtype:?}"), i, ours, reference(case, true), tol);
         }
     }
+    // What the GPU check's time limit for this test is set from.
+    println!(
+        "{} cuDNN algorithm searches in {:.1} s",
+        kiln_kernels::cudnn_searches(),
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// Batch norm's shapes: a ResNet-18 CIFAR stem's and layer 4's, odd sizes, one value per
@@ -316,7 +327,7 @@ fn cublas_matches_burn_on_the_cpu() {
     }
     let probe = fixed_matrix::<Train>([2, 3], 1, -1.0);
     if kiln_kernels::linear(&probe, &probe.clone().transpose(), None).is_none() {
-        println!("skipped: cuBLAS not used (not on the library path, or KILN_KERNELS)");
+        skip_or_fail("cuBLAS not used (not on the library path, or KILN_KERNELS)");
         return;
     }
     for case in [(64, 128, 10), (3, 2048, 1000), (1, 5, 7), (17, 33, 1)] {

@@ -71,6 +71,46 @@ impl<B: Backend> BatchNorm2d<B> {
         })
     }
 
+    /// `relu(self.forward(x) + residual)` (the residual and ReLU where given) as one operation
+    /// each way where kiln-kernels has one for training on this backend (its CubeCL kernels on
+    /// the GPU backends, f32), moving the running statistics as [`Self::forward`] does; `None`
+    /// where it has none, or in inference, or frozen, or synchronized, for the caller to compose.
+    pub fn forward_fused(
+        &self,
+        x: &Tensor<B, 4>,
+        residual: Option<&Tensor<B, 4>>,
+        relu: bool,
+    ) -> Option<Tensor<B, 4>> {
+        let device = x.device();
+        if self.frozen || !B::ad_enabled(&device) || synced::<B>().is_some() {
+            return None;
+        }
+        let running = |state: &RunningState<Tensor<B, 1>>| state.value_sync().to_device(&device);
+        let step = kiln_kernels::BatchNormStep {
+            x: x.clone(),
+            weight: self.weight.val(),
+            bias: self.bias.val(),
+            running_mean: running(&self.running_mean),
+            running_var: running(&self.running_var),
+            num_batches_tracked: running(&self.num_batches_tracked),
+            momentum: self.momentum,
+            eps: self.eps,
+            residual: residual.cloned(),
+            relu,
+        };
+        let out = kiln_kernels::batch_norm_step(&step)?;
+        for (state, value) in [
+            (&self.running_mean, out.running_mean),
+            (&self.running_var, out.running_var),
+            (&self.num_batches_tracked, out.num_batches_tracked),
+        ] {
+            state.update(value);
+            // Fold the update in now, as `update_running_stats` does.
+            state.value_sync();
+        }
+        Some(out.y)
+    }
+
     /// Normalizes with the batch's statistics and folds them into the running ones.
     fn forward_train(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let [n, c, h, w] = x.dims();

@@ -248,7 +248,17 @@ pub(crate) fn conv_bn<B: Backend>(
             return y;
         }
     }
-    let y = bn.forward(convolve(conv, x));
+    let y = convolve(conv, x);
+    // In training on the GPU backends, batch norm and what follows as one operation each way.
+    let (residual, relu_after) = match &then {
+        Then::Nothing => (None, false),
+        Then::Relu => (None, true),
+        Then::AddRelu(residual) => (Some(residual), true),
+    };
+    if let Some(y) = bn.forward_fused(&y, residual, relu_after) {
+        return y;
+    }
+    let y = bn.forward(y);
     match then {
         Then::Nothing => y,
         Then::Relu => relu(y),

@@ -9,7 +9,7 @@ mod runtime;
 pub use device::*;
 pub use runtime::*;
 // kiln: cuDNN on cubecl's stream (`KILN.md`).
-pub use compute::external::{ExternalLaunch, launch_external};
+pub use compute::external::{ExternalLaunch, launch_external, launch_external_async};
 
 #[cfg(feature = "ptx-wmma")]
 pub(crate) type WmmaCompiler = cubecl_cpp::cuda::mma::PtxWmmaCompiler;

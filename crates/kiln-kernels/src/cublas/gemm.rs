@@ -8,7 +8,7 @@
 
 /// The row-major product `c = op(a) op(b)` of `a` (`[rows, cols]` as stored) and `b`, `op`
 /// transposing where asked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Product {
     pub a: [usize; 2],
     pub a_transposed: bool,

@@ -9,16 +9,17 @@
 //! (`torch.backends.cuda.matmul.allow_tf32 = False`), where cubek's accelerated candidates use
 //! TF32.
 //!
-//! cuBLAS is loaded at run time; without it, or where a call fails, burn's matmul runs (logged
-//! once).
+//! cuBLAS is loaded at run time; without it, or where a call fails, burn's matmul runs (each
+//! distinct failure logged once). As cuDNN's calls, the first call of a shape waits for the CUDA
+//! thread and later ones are queued without waiting (`cudnn::policy`).
 
 mod gemm;
 
 use std::cell::RefCell;
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, OnceLock};
 
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -37,7 +38,8 @@ use burn_ir::{CustomOpIr, OperationIr, TensorIr};
 use cubecl_cuda::{CudaRuntime, ExternalLaunch};
 use cudarc::cublas::sys;
 
-use crate::cudnn::op::{Handles, Runtime, grad_in, inputs};
+use crate::cudnn::op::{Handles, Runtime, grad_in, inputs, report};
+use crate::cudnn::policy::{Cause, Failure, Keys, Outcome, Route};
 use crate::same;
 use gemm::Product;
 
@@ -158,20 +160,19 @@ struct CublasMatmul {
 impl Operation<Runtime> for CublasMatmul {
     fn execute(&self, handles: &mut Handles) {
         let inputs = inputs(&self.desc, handles);
-        let output = match with_cublas(self.product, &inputs) {
-            Ok(output) => output,
-            Err(why) => {
-                static WARNED: AtomicBool = AtomicBool::new(false);
-                if !WARNED.swap(true, Ordering::Relaxed) {
-                    log::warn!(
-                        "cuBLAS did not run a matmul, burn's kernel did (logged once): {why}"
-                    );
-                }
-                with_burn(self.product, inputs)
-            }
-        };
+        let output = with_cublas(self.product, &inputs)
+            .unwrap_or_else(|| with_burn(self.product, inputs));
         handles.register_float_tensor::<Cube>(&self.desc.outputs[0].id, output);
     }
+}
+
+/// A product's key: its shapes and transpositions, and the data type.
+type ProductKey = (Product, DType);
+
+/// Every product key met in this process.
+fn keys() -> &'static Keys<ProductKey, ()> {
+    static KEYS: LazyLock<Keys<ProductKey, ()>> = LazyLock::new(Keys::default);
+    &KEYS
 }
 
 fn with_burn(product: Product, inputs: Vec<CubeTensor<CudaRuntime>>) -> CubeTensor<CudaRuntime> {
@@ -185,11 +186,73 @@ fn with_burn(product: Product, inputs: Vec<CubeTensor<CudaRuntime>>) -> CubeTens
     a.matmul(b).into_primitive().tensor()
 }
 
-/// The product through cuBLAS on the stream of the current `StreamId`, or why not.
+/// The product through cuBLAS on the stream of the current `StreamId`, queued without waiting
+/// for a shape that ran before; `None` where cuBLAS does not run it (burn's matmul then does).
 fn with_cublas(
     product: Product,
     inputs: &[CubeTensor<CudaRuntime>],
-) -> Result<CubeTensor<CudaRuntime>, String> {
+) -> Option<CubeTensor<CudaRuntime>> {
+    let checked = check_operands(product, inputs);
+    let data = match checked {
+        Ok(data) => data,
+        Err(why) => {
+            report("kiln_cublas_matmul", &Failure::unsupported(why));
+            return None;
+        }
+    };
+    let key = (product, inputs[0].dtype);
+    let wait = match keys().route(&key) {
+        Route::Burn => return None,
+        Route::Launch(()) => false,
+        Route::Wait { .. } => true,
+    };
+    // cuBLAS reads packed rows: an output gradient can come broadcast (zero strides).
+    let packed: Vec<CubeTensor<CudaRuntime>> =
+        inputs.iter().map(|t| into_contiguous(t.clone())).collect();
+    let a = &packed[0];
+    let output = empty_device_contiguous_dtype(
+        a.client.clone(),
+        a.device.clone(),
+        Shape::from(product.output().to_vec()),
+        a.dtype,
+    );
+    let bindings = [&packed[0], &packed[1], &output]
+        .iter()
+        .map(|t| t.handle.clone().binding())
+        .collect();
+    let (client, device) = (a.client.clone(), a.device.clone());
+    let name = "kiln_cublas_matmul";
+    let run = move |launch: &mut ExternalLaunch<'_>| gemm(launch, product, data);
+    if !wait {
+        let failed = move |launch: &mut ExternalLaunch<'_>| {
+            run(launch).map_err(|failure| {
+                keys().launch_failed(&key, &failure);
+                format!("kiln: cuBLAS's product {product:?} failed after it had run before: {}", failure.why)
+            })
+        };
+        cubecl_cuda::launch_external_async(&client, &device, name, bindings, failed);
+        return Some(output);
+    }
+    let outcome = match cubecl_cuda::launch_external(&client, &device, name, bindings, run) {
+        Ok(Ok(())) => Outcome::Ran { choice: (), searched: false, full_scratch: true },
+        Ok(Err(failure)) => Outcome::Failed(failure),
+        Err(err) => Outcome::Failed(Failure::transient(format!("{err:?}"))),
+    };
+    keys().settle(&key, &outcome);
+    match outcome {
+        Outcome::Ran { .. } => Some(output),
+        Outcome::Failed(failure) => {
+            report(&format!("{name} {product:?}"), &failure);
+            None
+        }
+    }
+}
+
+/// The operands' cuBLAS data type, or why they do not fit the product.
+fn check_operands(
+    product: Product,
+    inputs: &[CubeTensor<CudaRuntime>],
+) -> Result<sys::cudaDataType, String> {
     let dtype = inputs[0].dtype;
     if inputs[1].dtype != dtype {
         return Err(format!("mixed dtypes {dtype:?} and {:?}", inputs[1].dtype));
@@ -203,26 +266,7 @@ fn with_cublas(
             ));
         }
     }
-    // cuBLAS reads packed rows: an output gradient can come broadcast (zero strides).
-    let packed: Vec<CubeTensor<CudaRuntime>> =
-        inputs.iter().map(|t| into_contiguous(t.clone())).collect();
-    let a = &packed[0];
-    let output = empty_device_contiguous_dtype(
-        a.client.clone(),
-        a.device.clone(),
-        Shape::from(product.output().to_vec()),
-        dtype,
-    );
-    let bindings = [&packed[0], &packed[1], &output]
-        .iter()
-        .map(|t| t.handle.clone().binding())
-        .collect();
-    let run = move |launch: &mut ExternalLaunch<'_>| gemm(launch, product, data);
-    match cubecl_cuda::launch_external(&a.device, bindings, run) {
-        Ok(Ok(())) => Ok(output),
-        Ok(Err(why)) => Err(why),
-        Err(err) => Err(format!("{err:?}")),
-    }
+    Ok(data)
 }
 
 fn data_type(dtype: DType) -> Option<sys::cudaDataType> {
@@ -239,7 +283,7 @@ fn gemm(
     launch: &ExternalLaunch<'_>,
     product: Product,
     data: sys::cudaDataType,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let handle = handle()?;
     // SAFETY: `handle` is live; the stream is cubecl's, alive as long as its server.
     check(
@@ -294,7 +338,7 @@ thread_local! {
 /// Set once a cuBLAS handle could not be created: burn's matmul runs from then on.
 static FAILED_TO_START: AtomicBool = AtomicBool::new(false);
 
-fn handle() -> Result<sys::cublasHandle_t, String> {
+fn handle() -> Result<sys::cublasHandle_t, Failure> {
     HANDLE.with_borrow_mut(|slot| {
         if let Some(handle) = *slot {
             return Ok(handle);
@@ -305,7 +349,10 @@ fn handle() -> Result<sys::cublasHandle_t, String> {
             unsafe { sys::cublasCreate_v2(handle.as_mut_ptr()) },
             "cublasCreate",
         )
-        .inspect_err(|_| FAILED_TO_START.store(true, Ordering::Relaxed))?;
+        .map_err(|failure| {
+            FAILED_TO_START.store(true, Ordering::Relaxed);
+            Failure::unsupported(failure.why)
+        })?;
         // SAFETY: initialized by the successful call.
         let handle = unsafe { handle.assume_init() };
         *slot = Some(handle);
@@ -313,11 +360,21 @@ fn handle() -> Result<sys::cublasHandle_t, String> {
     })
 }
 
-fn check(status: sys::cublasStatus_t, call: &str) -> Result<(), String> {
-    match status {
-        sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(()),
-        status => Err(format!("{call} failed: {status:?}")),
-    }
+fn check(status: sys::cublasStatus_t, call: &str) -> Result<(), Failure> {
+    use sys::cublasStatus_t::*;
+    let cause = match status {
+        CUBLAS_STATUS_SUCCESS => return Ok(()),
+        // Allocation, a failed launch or an internal error: it may pass.
+        CUBLAS_STATUS_ALLOC_FAILED
+        | CUBLAS_STATUS_EXECUTION_FAILED
+        | CUBLAS_STATUS_INTERNAL_ERROR
+        | CUBLAS_STATUS_MAPPING_ERROR => Cause::Transient,
+        _ => Cause::Unsupported,
+    };
+    Err(Failure {
+        cause,
+        why: format!("{call} failed: {status:?}"),
+    })
 }
 
 /// Whether cuBLAS is on the library path and started (probed once: cudarc panics on a missing

@@ -1,26 +1,27 @@
-//! The cuDNN calls, through cudarc's raw bindings (`cudarc::cudnn::sys`: the measured algorithm
-//! search, `cudnnFind*AlgorithmEx`, is only there). Everything here runs on the CUDA server thread
-//! of one device, inside [`cubecl_cuda::launch_external`], on the stream cubecl launches the
-//! caller's kernels on.
+//! The cuDNN calls of a convolution, through kiln's table of cuDNN 9's functions
+//! (`library.rs`). Everything here runs on the CUDA server thread of one device, inside
+//! `cubecl_cuda::launch_external` or `launch_external_async`, on the stream cubecl launches the
+//! caller's kernels on. Descriptors are made once per shape and thread (each device's server
+//! runs on a thread of its own) and kept.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use cubecl_cuda::ExternalLaunch;
-use cudarc::cudnn::sys;
 
-use super::plan::{self, AlgoKey, DataType, Geometry, MathType, Pass};
-use super::store::{Saved, Store};
+use super::library::{self, AlgoPerf, Desc, Handle, Library, Status};
+use super::plan::{self, Choice, DataType, Geometry, MathType, Pass};
+use super::policy::{Failure, Outcome, cudnn_cause};
 
-/// One convolution for cuDNN. The bindings given to `launch_external` are, in order:
-/// forward `[x, w, y]`, backward data `[w, dy, dx]`, backward filter `[x, dy, dw]`.
+/// One convolution for cuDNN. Its bindings are, in order: forward `[x, w, y]`, backward data
+/// `[w, dy, dx]`, backward filter `[x, dy, dw]`; then, for a launch without waiting whose choice
+/// has one, its workspace.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Job {
-    pub device: usize,
     pub pass: Pass,
     pub data: DataType,
     pub geometry: Geometry,
@@ -31,801 +32,478 @@ pub(crate) struct Job {
 /// not measured), and the most a chosen algorithm may take.
 const WORKSPACE_CAP: usize = 1 << 30;
 
-/// An algorithm of one pass.
-#[derive(Debug, Clone, Copy)]
-enum Algo {
-    Forward(sys::cudnnConvolutionFwdAlgo_t),
-    BackwardData(sys::cudnnConvolutionBwdDataAlgo_t),
-    BackwardFilter(sys::cudnnConvolutionBwdFilterAlgo_t),
+/// `CUDNN_TENSOR_NCHW`, `CUDNN_CROSS_CORRELATION` (PyTorch's and burn's "convolution"),
+/// `CUDNN_BATCHNORM_SPATIAL`: values of cuDNN 9's enums.
+const NCHW: c_int = 0;
+const CROSS_CORRELATION: c_int = 1;
+pub(super) const BATCHNORM_SPATIAL: c_int = 1;
+
+/// cuDNN, or why not (checked before any call is routed here; this guards the thread).
+pub(super) fn lib() -> Result<&'static Library, Failure> {
+    library::library().map_err(Failure::unsupported)
 }
 
-impl Algo {
-    /// The value of cuDNN's enum, as kept on disk.
-    fn code(self) -> u32 {
-        match self {
-            Algo::Forward(algo) => algo as u32,
-            Algo::BackwardData(algo) => algo as u32,
-            Algo::BackwardFilter(algo) => algo as u32,
-        }
+/// `Ok` for a successful status; otherwise the failure, its cause read from the status.
+pub(super) fn check(lib: &Library, status: Status, call: &str) -> Result<(), Failure> {
+    if status == 0 {
+        return Ok(());
     }
-
-    /// The algorithm of `pass` whose enum value is `code`, if this cuDNN has one.
-    fn from_code(pass: Pass, code: u32) -> Option<Self> {
-        match pass {
-            Pass::Forward => FORWARD_ALGOS
-                .into_iter()
-                .find(|&a| a as u32 == code)
-                .map(Algo::Forward),
-            Pass::BackwardData => BACKWARD_DATA_ALGOS
-                .into_iter()
-                .find(|&a| a as u32 == code)
-                .map(Algo::BackwardData),
-            Pass::BackwardFilter => BACKWARD_FILTER_ALGOS
-                .into_iter()
-                .find(|&a| a as u32 == code)
-                .map(Algo::BackwardFilter),
-        }
-    }
-}
-
-/// What the search chose for a key, or that cuDNN has nothing for it (then burn's kernel runs,
-/// without searching again).
-#[derive(Debug, Clone, Copy)]
-enum Choice {
-    Run {
-        algo: Algo,
-        math: MathType,
-        workspace: usize,
-        /// Read from kiln's cache, not measured by this process: searched again if it fails.
-        kept: bool,
-    },
-    Unsupported,
-}
-
-/// Algorithm choices, one per key, for the life of the process. The lock is held only to read or
-/// insert, never across a cuDNN call.
-fn choices() -> &'static Mutex<HashMap<AlgoKey, Choice>> {
-    static CHOICES: OnceLock<Mutex<HashMap<AlgoKey, Choice>>> = OnceLock::new();
-    CHOICES.get_or_init(Default::default)
-}
-
-fn cached(key: &AlgoKey) -> Option<Choice> {
-    let map = choices().lock().unwrap_or_else(|e| e.into_inner());
-    map.get(key).copied()
-}
-
-fn remember(key: AlgoKey, choice: Choice) {
-    let mut map = choices().lock().unwrap_or_else(|e| e.into_inner());
-    map.insert(key, choice);
-}
-
-/// The file of `device`'s choices, its choices remembered on the first call for the device;
-/// `None` where the GPU's name or cuDNN's version cannot be read (choices then last the process).
-fn kept(device: usize) -> Option<Arc<Store>> {
-    static KEPT: OnceLock<Mutex<HashMap<usize, Option<Arc<Store>>>>> = OnceLock::new();
-    let mut files = KEPT
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    files
-        .entry(device)
-        .or_insert_with(|| open_kept(device).map(Arc::new))
-        .clone()
-}
-
-fn open_kept(device: usize) -> Option<Store> {
-    use cudarc::driver::result::device as cu_device;
-    let gpu = cu_device::get(device as i32)
-        .and_then(cu_device::get_name)
-        .ok()?;
-    let cudnn = plan::version_name(*super::version().as_ref().ok()?);
-    let store = Store::new(&kiln_download::cache_root(), &gpu, &cudnn);
-    match store.load() {
-        Ok(saved) => {
-            for (key, saved) in saved {
-                if let Some(algo) = Algo::from_code(key.pass, saved.algo) {
-                    let choice = Choice::Run {
-                        algo,
-                        math: saved.math,
-                        workspace: saved.workspace,
-                        kept: true,
-                    };
-                    remember(AlgoKey { device, ..key }, choice);
-                }
-            }
-        }
-        Err(why) => {
-            log::warn!("cuDNN's algorithm choices were not read, they are measured again: {why}")
-        }
-    }
-    Some(store)
-}
-
-/// Writes a measured choice into the device's file (a failed write is logged: the choice still
-/// holds for this process).
-fn keep(device: usize, key: AlgoKey, algo: Algo, math: MathType, workspace: usize) {
-    let Some(store) = kept(device) else { return };
-    let saved = Saved {
-        algo: algo.code(),
-        math,
-        workspace,
-    };
-    if let Err(why) = store.save(key, saved) {
-        static WARNED: AtomicBool = AtomicBool::new(false);
-        if !WARNED.swap(true, Ordering::Relaxed) {
-            log::warn!("cuDNN's algorithm choices could not be kept (logged once): {why}");
-        }
-    }
+    Err(Failure {
+        cause: cudnn_cause(status as u32),
+        why: format!("{call} failed: {}", lib.describe(status)),
+    })
 }
 
 thread_local! {
     /// The cuDNN handle of this thread: each device's CUDA server runs on a thread of its own
     /// with the device's primary context current (cubecl-cuda `CudaServer::command`), so this is
     /// one handle per device. Never destroyed: it lives as long as the server thread.
-    static HANDLE: RefCell<Option<sys::cudnnHandle_t>> = const { RefCell::new(None) };
+    static HANDLE: RefCell<Option<Handle>> = const { RefCell::new(None) };
+    /// The descriptors of each convolution shape met on this thread.
+    static DESCRIPTORS: RefCell<HashMap<(DataType, Geometry), Rc<Descriptors>>> =
+        RefCell::new(HashMap::new());
 }
 
 /// Set once a cuDNN handle could not be created (a library that loads but cannot start, such as
-/// cuDNN 9 without its `libcudnn_cnn`): burn's convolution runs from then on, without trying.
+/// cuDNN 9 without its `libcudnn_cnn`): burn's kernels run from then on, without trying.
 static FAILED_TO_START: AtomicBool = AtomicBool::new(false);
 
 pub(crate) fn failed_to_start() -> bool {
     FAILED_TO_START.load(Ordering::Relaxed)
 }
 
-fn handle() -> Result<sys::cudnnHandle_t, String> {
-    HANDLE.with_borrow_mut(|slot| {
+/// This thread's cuDNN handle, set to enqueue on the launch's stream (cubecl's).
+pub(super) fn handle_on(lib: &Library, launch: &ExternalLaunch<'_>) -> Result<Handle, Failure> {
+    let handle = HANDLE.with_borrow_mut(|slot| {
         if let Some(handle) = *slot {
             return Ok(handle);
         }
-        let mut handle = MaybeUninit::uninit();
+        let mut handle = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; the calling thread has the device's context
         // current (the CUDA server sets it before every command).
-        check(
-            unsafe { sys::cudnnCreate(handle.as_mut_ptr()) },
-            "cudnnCreate",
-        )
-        .inspect_err(|_| FAILED_TO_START.store(true, Ordering::Relaxed))?;
-        // SAFETY: initialized by the successful `cudnnCreate`.
-        let handle = unsafe { handle.assume_init() };
+        let status = unsafe { (lib.cudnnCreate)(&mut handle) };
+        check(lib, status, "cudnnCreate").map_err(|failure| {
+            FAILED_TO_START.store(true, Ordering::Relaxed);
+            Failure::unsupported(failure.why)
+        })?;
         *slot = Some(handle);
         Ok(handle)
-    })
-}
-
-/// This thread's cuDNN handle, set to enqueue on the launch's stream (cubecl's).
-pub(super) fn handle_on(launch: &ExternalLaunch<'_>) -> Result<sys::cudnnHandle_t, String> {
-    let handle = handle()?;
+    })?;
     // SAFETY: `handle` is live; the stream is cubecl's, alive as long as its server.
-    check(
-        unsafe { sys::cudnnSetStream(handle, launch.stream() as sys::cudaStream_t) },
-        "cudnnSetStream",
-    )?;
+    let status = unsafe { (lib.cudnnSetStream)(handle, launch.stream() as *mut c_void) };
+    check(lib, status, "cudnnSetStream")?;
     Ok(handle)
 }
 
-pub(super) fn check(status: sys::cudnnStatus_t, call: &str) -> Result<(), String> {
-    match status {
-        sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS => Ok(()),
-        status => Err(format!("{call} failed: {status:?}")),
-    }
+/// A descriptor of one of cuDNN's kinds, destroyed on drop.
+pub(super) struct Descriptor {
+    pub raw: Desc,
+    destroy: unsafe extern "C" fn(Desc) -> Status,
 }
 
-pub(crate) fn data_type(data: DataType) -> sys::cudnnDataType_t {
-    match data {
-        DataType::F32 => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
-        DataType::F16 => sys::cudnnDataType_t::CUDNN_DATA_HALF,
-        DataType::Bf16 => sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
-    }
-}
-
-pub(crate) fn math_type(math: MathType) -> sys::cudnnMathType_t {
-    match math {
-        MathType::Default => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
-        MathType::TensorOp => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
-        MathType::TensorOpAllowConversion => {
-            sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
-        }
-        MathType::Fma => sys::cudnnMathType_t::CUDNN_FMA_MATH,
-    }
-}
-
-fn from_math_type(math: sys::cudnnMathType_t) -> MathType {
-    MathType::from_cudnn_code(math as u32).unwrap_or(MathType::Default)
-}
-
-/// A tensor descriptor, destroyed on drop.
-pub(super) struct TensorDesc(pub(super) sys::cudnnTensorDescriptor_t);
-
-impl TensorDesc {
-    fn create() -> Result<Self, String> {
+impl Descriptor {
+    fn create(
+        lib: &Library,
+        create: unsafe extern "C" fn(*mut Desc) -> Status,
+        destroy: unsafe extern "C" fn(Desc) -> Status,
+        name: &str,
+    ) -> Result<Self, Failure> {
         let mut raw = MaybeUninit::uninit();
         // SAFETY: valid out-pointer.
-        check(
-            unsafe { sys::cudnnCreateTensorDescriptor(raw.as_mut_ptr()) },
-            "cudnnCreateTensorDescriptor",
-        )?;
-        // SAFETY: initialized by the successful call; owned from here, so dropped once.
-        Ok(TensorDesc(unsafe { raw.assume_init() }))
+        check(lib, unsafe { create(raw.as_mut_ptr()) }, name)?;
+        // SAFETY: initialized by the successful call; owned from here, so destroyed once.
+        let raw = unsafe { raw.assume_init() };
+        Ok(Descriptor { raw, destroy })
     }
 
     /// A packed NCHW tensor of `dims`.
-    pub(super) fn new(data: DataType, dims: [usize; 4]) -> Result<Self, String> {
-        let desc = Self::create()?;
-        let (dims, strides) = plan::nchw_descriptor(dims);
-        // SAFETY: `desc.0` is a live descriptor; `dims` and `strides` hold the 4 ints read.
-        check(
-            unsafe {
-                sys::cudnnSetTensorNdDescriptor(
-                    desc.0,
-                    data_type(data),
-                    4,
-                    dims.as_ptr(),
-                    strides.as_ptr(),
-                )
-            },
-            "cudnnSetTensorNdDescriptor",
+    pub(super) fn tensor(lib: &Library, data: DataType, dims: [usize; 4]) -> Result<Self, Failure> {
+        let desc = Self::create(
+            lib,
+            lib.cudnnCreateTensorDescriptor,
+            lib.cudnnDestroyTensorDescriptor,
+            "cudnnCreateTensorDescriptor",
         )?;
+        let (dims, strides) = plan::nchw_descriptor(dims);
+        // SAFETY: `desc` is live; `dims` and `strides` hold the 4 ints read.
+        let status = unsafe {
+            (lib.cudnnSetTensorNdDescriptor)(
+                desc.raw,
+                data.cudnn_code() as c_int,
+                4,
+                dims.as_ptr(),
+                strides.as_ptr(),
+            )
+        };
+        check(lib, status, "cudnnSetTensorNdDescriptor")?;
         Ok(desc)
     }
 
     /// The per-channel tensor (`[1, C, 1, 1]`) of batch norm's weight, bias and statistics over
     /// `x`, in the type cuDNN wants for them (f32 for every data type kiln uses).
-    pub(super) fn batch_norm(x: &TensorDesc) -> Result<Self, String> {
-        let desc = Self::create()?;
-        // SAFETY: both descriptors are live; `x` is set.
-        check(
-            unsafe {
-                sys::cudnnDeriveBNTensorDescriptor(
-                    desc.0,
-                    x.0,
-                    sys::cudnnBatchNormMode_t::CUDNN_BATCHNORM_SPATIAL,
-                )
-            },
-            "cudnnDeriveBNTensorDescriptor",
+    pub(super) fn batch_norm(lib: &Library, x: &Descriptor) -> Result<Self, Failure> {
+        let desc = Self::create(
+            lib,
+            lib.cudnnCreateTensorDescriptor,
+            lib.cudnnDestroyTensorDescriptor,
+            "cudnnCreateTensorDescriptor",
         )?;
+        // SAFETY: both descriptors are live; `x` is set.
+        let status =
+            unsafe { (lib.cudnnDeriveBNTensorDescriptor)(desc.raw, x.raw, BATCHNORM_SPATIAL) };
+        check(lib, status, "cudnnDeriveBNTensorDescriptor")?;
         Ok(desc)
     }
-}
 
-impl Drop for TensorDesc {
-    fn drop(&mut self) {
-        // SAFETY: created by `cudnnCreateTensorDescriptor`, destroyed only here.
-        unsafe { sys::cudnnDestroyTensorDescriptor(self.0) };
-    }
-}
-
-/// A KCRS filter descriptor, destroyed on drop.
-struct FilterDesc(sys::cudnnFilterDescriptor_t);
-
-impl FilterDesc {
-    fn new(data: DataType, [k, c, r, s]: [usize; 4]) -> Result<Self, String> {
-        let mut raw = MaybeUninit::uninit();
-        // SAFETY: valid out-pointer.
-        check(
-            unsafe { sys::cudnnCreateFilterDescriptor(raw.as_mut_ptr()) },
+    /// A KCRS filter.
+    fn filter(lib: &Library, data: DataType, [k, c, r, s]: [usize; 4]) -> Result<Self, Failure> {
+        let desc = Self::create(
+            lib,
+            lib.cudnnCreateFilterDescriptor,
+            lib.cudnnDestroyFilterDescriptor,
             "cudnnCreateFilterDescriptor",
         )?;
-        // SAFETY: initialized by the successful call; owned from here.
-        let desc = FilterDesc(unsafe { raw.assume_init() });
-        // SAFETY: `desc.0` is a live descriptor; the dims fit `int` (`Geometry::new`).
-        check(
-            unsafe {
-                sys::cudnnSetFilter4dDescriptor(
-                    desc.0,
-                    data_type(data),
-                    sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
-                    k as i32,
-                    c as i32,
-                    r as i32,
-                    s as i32,
-                )
-            },
-            "cudnnSetFilter4dDescriptor",
-        )?;
+        // SAFETY: `desc` is live; the dims fit `int` (`Geometry::new`).
+        let status = unsafe {
+            (lib.cudnnSetFilter4dDescriptor)(
+                desc.raw,
+                data.cudnn_code() as c_int,
+                NCHW,
+                k as c_int,
+                c as c_int,
+                r as c_int,
+                s as c_int,
+            )
+        };
+        check(lib, status, "cudnnSetFilter4dDescriptor")?;
         Ok(desc)
     }
-}
 
-impl Drop for FilterDesc {
-    fn drop(&mut self) {
-        // SAFETY: created by `cudnnCreateFilterDescriptor`, destroyed only here.
-        unsafe { sys::cudnnDestroyFilterDescriptor(self.0) };
-    }
-}
-
-/// A cross-correlation (PyTorch's and burn's "convolution") descriptor, destroyed on drop.
-struct ConvDesc(sys::cudnnConvolutionDescriptor_t);
-
-impl ConvDesc {
-    fn new(data: DataType, geometry: &Geometry) -> Result<Self, String> {
-        let mut raw = MaybeUninit::uninit();
-        // SAFETY: valid out-pointer.
-        check(
-            unsafe { sys::cudnnCreateConvolutionDescriptor(raw.as_mut_ptr()) },
+    /// A cross-correlation, computed in f32 whatever the data type.
+    fn convolution(lib: &Library, data: DataType, geometry: &Geometry) -> Result<Self, Failure> {
+        let desc = Self::create(
+            lib,
+            lib.cudnnCreateConvolutionDescriptor,
+            lib.cudnnDestroyConvolutionDescriptor,
             "cudnnCreateConvolutionDescriptor",
         )?;
-        // SAFETY: initialized by the successful call; owned from here.
-        let desc = ConvDesc(unsafe { raw.assume_init() });
         let [pad_h, pad_w, u, v, dil_h, dil_w] = geometry.conv_params();
-        let compute = match data.compute_code() {
-            0 => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
-            code => return Err(format!("unexpected compute type {code}")),
+        // SAFETY: `desc` is live.
+        let status = unsafe {
+            (lib.cudnnSetConvolution2dDescriptor)(
+                desc.raw,
+                pad_h,
+                pad_w,
+                u,
+                v,
+                dil_h,
+                dil_w,
+                CROSS_CORRELATION,
+                data.compute_code() as c_int,
+            )
         };
-        // SAFETY: `desc.0` is a live descriptor.
-        check(
-            unsafe {
-                sys::cudnnSetConvolution2dDescriptor(
-                    desc.0,
-                    pad_h,
-                    pad_w,
-                    u,
-                    v,
-                    dil_h,
-                    dil_w,
-                    sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
-                    compute,
-                )
-            },
-            "cudnnSetConvolution2dDescriptor",
-        )?;
+        check(lib, status, "cudnnSetConvolution2dDescriptor")?;
         Ok(desc)
     }
-
-    fn set_math(&self, math: MathType) -> Result<(), String> {
-        // SAFETY: `self.0` is a live descriptor.
-        check(
-            unsafe { sys::cudnnSetConvolutionMathType(self.0, math_type(math)) },
-            "cudnnSetConvolutionMathType",
-        )
-    }
 }
 
-impl Drop for ConvDesc {
+impl Drop for Descriptor {
     fn drop(&mut self) {
-        // SAFETY: created by `cudnnCreateConvolutionDescriptor`, destroyed only here.
-        unsafe { sys::cudnnDestroyConvolutionDescriptor(self.0) };
+        // SAFETY: created by its kind's create function, destroyed only here.
+        unsafe { (self.destroy)(self.raw) };
     }
 }
 
-/// The descriptors of one job: `x`, `w` and `y` whatever the pass (cuDNN's backward calls
-/// take `dx` and `dy` with the descriptors of `x` and `y`).
+/// The descriptors of one convolution shape: `x`, `w` and `y` whatever the pass (cuDNN's
+/// backward calls take `dx` and `dy` with the descriptors of `x` and `y`).
 struct Descriptors {
-    x: TensorDesc,
-    w: FilterDesc,
-    y: TensorDesc,
-    conv: ConvDesc,
+    x: Descriptor,
+    w: Descriptor,
+    y: Descriptor,
+    conv: Descriptor,
 }
 
 impl Descriptors {
-    fn new(job: &Job) -> Result<Self, String> {
-        Ok(Descriptors {
-            x: TensorDesc::new(job.data, job.geometry.x)?,
-            w: FilterDesc::new(job.data, job.geometry.w)?,
-            y: TensorDesc::new(job.data, job.geometry.y)?,
-            conv: ConvDesc::new(job.data, &job.geometry)?,
-        })
-    }
-}
-
-/// Runs `job` on the launch's stream. `Err` says why cuDNN did not (the caller then runs
-/// burn's kernel); nothing was written to the output then that the fallback does not overwrite.
-pub(crate) fn run(launch: &mut ExternalLaunch<'_>, job: &Job) -> Result<(), String> {
-    let handle = handle_on(launch)?;
-    let desc = Descriptors::new(job)?;
-    let ptrs = [0, 1, 2].map(|i| launch.ptr(i));
-    let key = AlgoKey {
-        device: job.device,
-        pass: job.pass,
-        data: job.data,
-        geometry: job.geometry,
-        tf32: job.tf32,
-        aligned: plan::aligned_16(&ptrs),
-    };
-    // A key not seen yet may be in the device's file, read on its first miss.
-    let known = cached(&key).or_else(|| kept(job.device).and_then(|_| cached(&key)));
-    match known {
-        Some(choice @ Choice::Run { kept: true, .. })
-            if execute(launch, handle, &desc, job, choice, ptrs).is_ok() =>
-        {
-            return Ok(());
+    /// This thread's descriptors for the job's shape, made on first use.
+    fn of(lib: &Library, job: &Job) -> Result<Rc<Self>, Failure> {
+        let shape = (job.data, job.geometry);
+        if let Some(found) = DESCRIPTORS.with_borrow(|map| map.get(&shape).cloned()) {
+            return Ok(found);
         }
-        // A kept choice that failed (a driver or library changed under the same names) is
-        // measured again, as a key never seen.
-        Some(Choice::Run { kept: true, .. }) | None => {}
-        Some(choice) => return execute(launch, handle, &desc, job, choice, ptrs),
+        let made = Rc::new(Descriptors {
+            x: Descriptor::tensor(lib, job.data, job.geometry.x)?,
+            w: Descriptor::filter(lib, job.data, job.geometry.w)?,
+            y: Descriptor::tensor(lib, job.data, job.geometry.y)?,
+            conv: Descriptor::convolution(lib, job.data, &job.geometry)?,
+        });
+        DESCRIPTORS.with_borrow_mut(|map| map.insert(shape, made.clone()));
+        Ok(made)
     }
-    // A failed search is remembered as "unsupported" too: searching again would cost a stream
-    // sync on every call (with cuDNN 9 missing its `libcudnn_cnn`, say).
-    let searched = search(launch, handle, &desc, job, ptrs);
-    remember(key, *searched.as_ref().unwrap_or(&Choice::Unsupported));
-    if let Ok(Choice::Run {
-        algo,
-        math,
-        workspace,
-        ..
-    }) = searched
-    {
-        keep(job.device, key, algo, math, workspace);
+
+    fn set_math(&self, lib: &Library, math: MathType) -> Result<(), Failure> {
+        // SAFETY: `conv` is live.
+        let status =
+            unsafe { (lib.cudnnSetConvolutionMathType)(self.conv.raw, math.cudnn_code() as c_int) };
+        check(lib, status, "cudnnSetConvolutionMathType")
     }
-    execute(launch, handle, &desc, job, searched?, ptrs)
 }
 
-/// Enqueues `choice`'s algorithm with its math type and workspace.
+/// The device addresses of the three operands, in the job's binding order.
+fn operands(launch: &ExternalLaunch<'_>) -> [u64; 3] {
+    [0, 1, 2].map(|i| launch.ptr(i))
+}
+
+/// Enqueues `choice` for `job`, its workspace the fourth binding (a launch without waiting).
+pub(crate) fn launch(launch: &mut ExternalLaunch<'_>, job: &Job, choice: Choice) -> Result<(), Failure> {
+    let lib = lib()?;
+    let handle = handle_on(lib, launch)?;
+    let desc = Descriptors::of(lib, job)?;
+    desc.set_math(lib, choice.math)?;
+    let workspace = match choice.workspace {
+        0 => 0,
+        _ if launch.bindings() > 3 => launch.ptr(3),
+        bytes => return Err(Failure::transient(format!("no workspace of {bytes} bytes bound"))),
+    };
+    let algo = choice.algo as c_int;
+    launch_algo(lib, handle, &desc, job.pass, algo, operands(launch), workspace, choice.workspace)
+}
+
+/// Runs `job` and waits for the answer: the kept choice if there is one and it runs, else the
+/// algorithm a search measures fastest (the first call of a key in the process).
+pub(crate) fn wait(launch: &mut ExternalLaunch<'_>, job: &Job, kept: Option<Choice>) -> Outcome<Choice> {
+    let run = |launch: &mut ExternalLaunch<'_>| -> Result<Outcome<Choice>, Failure> {
+        let lib = lib()?;
+        let handle = handle_on(lib, launch)?;
+        let desc = Descriptors::of(lib, job)?;
+        // A kept choice that fails (a driver or library changed under the same names) is
+        // measured again, as a key never seen.
+        if let Some(choice) = kept
+            && execute(lib, launch, handle, &desc, job, choice).is_ok()
+        {
+            let (searched, full_scratch) = (false, true);
+            return Ok(Outcome::Ran { choice, searched, full_scratch });
+        }
+        let (choice, full_scratch) = search(lib, launch, handle, &desc, job)?;
+        execute(lib, launch, handle, &desc, job, choice)?;
+        Ok(Outcome::Ran { choice, searched: true, full_scratch })
+    };
+    run(launch).unwrap_or_else(Outcome::Failed)
+}
+
+/// Enqueues `choice`'s algorithm with its math type and a workspace from the stream's pool.
 fn execute(
+    lib: &Library,
     launch: &mut ExternalLaunch<'_>,
-    handle: sys::cudnnHandle_t,
+    handle: Handle,
     desc: &Descriptors,
     job: &Job,
     choice: Choice,
-    ptrs: [u64; 3],
-) -> Result<(), String> {
-    let Choice::Run {
-        algo,
-        math,
-        workspace,
-        ..
-    } = choice
-    else {
-        return Err(format!("cuDNN has no algorithm for {:?} {job:?}", job.pass));
-    };
-    desc.conv.set_math(math)?;
-    let workspace_ptr = match workspace {
+) -> Result<(), Failure> {
+    desc.set_math(lib, choice.math)?;
+    let workspace = match choice.workspace {
         0 => 0,
         bytes => launch
             .scratch(bytes as u64)
-            .map_err(|e| format!("no workspace of {bytes} bytes: {e:?}"))?,
+            .map_err(|e| Failure::transient(format!("no workspace of {bytes} bytes: {e:?}")))?,
     };
-    launch_algo(handle, desc, algo, ptrs, workspace_ptr, workspace)
+    let ptrs = operands(launch);
+    let algo = choice.algo as c_int;
+    let done = launch_algo(lib, handle, desc, job.pass, algo, ptrs, workspace, choice.workspace);
+    launch.release_scratch();
+    done
 }
 
+/// The algorithm searches this process has run (each waits for the stream and times every
+/// algorithm of its pass).
+pub(crate) static SEARCHES: AtomicUsize = AtomicUsize::new(0);
+
 /// Measures the algorithms of the job's pass (`cudnnFind*AlgorithmEx`, on the real buffers) and
-/// keeps the fastest whose math type the dtype and TF32 setting allow.
+/// chooses the fastest whose math type the dtype and TF32 setting allow; and whether the search
+/// had all the scratch memory it asked for.
 fn search(
+    lib: &Library,
     launch: &mut ExternalLaunch<'_>,
-    handle: sys::cudnnHandle_t,
+    handle: Handle,
     desc: &Descriptors,
     job: &Job,
-    ptrs: [u64; 3],
-) -> Result<Choice, String> {
-    desc.conv
-        .set_math(MathType::for_search(job.data, job.tf32))?;
-    let limit = plan::search_workspace(workspace_sizes(handle, desc, job.pass), WORKSPACE_CAP);
-    let (ws_ptr, ws_size) = match launch.scratch(limit as u64) {
-        Ok(ptr) => (ptr, limit),
-        Err(_) => (0, 0),
+) -> Result<(Choice, bool), Failure> {
+    desc.set_math(lib, MathType::for_search(job.data, job.tf32))?;
+    let limit = plan::search_workspace(workspace_sizes(lib, handle, desc, job.pass), WORKSPACE_CAP);
+    // Near a full memory the search runs without scratch (algorithms that need some are not
+    // measured): its choice is used, but not kept for later processes.
+    let (scratch, scratch_size, full_scratch) = match launch.scratch(limit as u64) {
+        Ok(ptr) => (ptr, limit, true),
+        Err(_) => (0, 0, limit == 0),
     };
     // The search times the algorithms with host-side waits; the inputs it reads are ordered
     // before it on this stream, and this makes sure nothing else of the stream is in flight
     // while it measures. Once per key.
     // SAFETY: the stream is cubecl's, alive as long as its server.
-    unsafe { cudarc::driver::result::stream::synchronize(launch.stream()) }
-        .map_err(|e| format!("stream synchronize before the algorithm search: {e:?}"))?;
-    let found = find(handle, desc, job.pass, ptrs, ws_ptr, ws_size)?;
-    let picked = plan::choose(&found, job.data, job.tf32);
-    Ok(match picked {
-        Some((algo, found_math, memory)) => Choice::Run {
-            algo,
-            math: MathType::for_run(job.data, job.tf32, found_math),
-            workspace: memory,
-            kept: false,
-        },
-        None => Choice::Unsupported,
-    })
+    unsafe { cudarc::driver::result::stream::synchronize(launch.stream()) }.map_err(|e| {
+        Failure::transient(format!("stream synchronize before the algorithm search: {e:?}"))
+    })?;
+    SEARCHES.fetch_add(1, Ordering::Relaxed);
+    let found = find(lib, handle, desc, job.pass, operands(launch), scratch, scratch_size);
+    // The scratch goes back to the pool before the chosen algorithm takes its workspace, so
+    // that the two are never held at once.
+    launch.release_scratch();
+    let (algo, math, workspace) = plan::choose(&found?, job.data, job.tf32).ok_or_else(|| {
+        Failure::unsupported(format!(
+            "no algorithm computes {:?} with the math allowed (TF32 {})",
+            job.data,
+            if job.tf32 { "on" } else { "off" }
+        ))
+    })?;
+    let math = MathType::for_run(job.data, job.tf32, math);
+    Ok((Choice { algo, math, workspace }, full_scratch))
 }
 
-const FORWARD_ALGOS: [sys::cudnnConvolutionFwdAlgo_t; 8] = {
-    use sys::cudnnConvolutionFwdAlgo_t::*;
-    [
-        CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
-        CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
-        CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
-        CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
-        CUDNN_CONVOLUTION_FWD_ALGO_FFT,
-        CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
-        CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
-        CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
-    ]
-};
-
-const BACKWARD_DATA_ALGOS: [sys::cudnnConvolutionBwdDataAlgo_t; 6] = {
-    use sys::cudnnConvolutionBwdDataAlgo_t::*;
-    [
-        CUDNN_CONVOLUTION_BWD_DATA_ALGO_0,
-        CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
-        CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT,
-        CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING,
-        CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD,
-        CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
-    ]
-};
-
-const BACKWARD_FILTER_ALGOS: [sys::cudnnConvolutionBwdFilterAlgo_t; 7] = {
-    use sys::cudnnConvolutionBwdFilterAlgo_t::*;
-    [
-        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
-        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
-        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT,
-        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3,
-        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD,
-        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED,
-        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING,
-    ]
-};
-
 /// The workspace each algorithm of the pass asks for, those cuDNN supports for the job only.
-fn workspace_sizes(handle: sys::cudnnHandle_t, desc: &Descriptors, pass: Pass) -> Vec<usize> {
-    let mut sizes = Vec::new();
-    let mut push = |status: sys::cudnnStatus_t, size: usize| {
-        if status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
-            sizes.push(size);
-        }
+fn workspace_sizes(lib: &Library, handle: Handle, desc: &Descriptors, pass: Pass) -> Vec<usize> {
+    let (get, [a, b, c, d]) = match pass {
+        Pass::Forward => (
+            lib.cudnnGetConvolutionForwardWorkspaceSize,
+            [desc.x.raw, desc.w.raw, desc.conv.raw, desc.y.raw],
+        ),
+        Pass::BackwardData => (
+            lib.cudnnGetConvolutionBackwardDataWorkspaceSize,
+            [desc.w.raw, desc.y.raw, desc.conv.raw, desc.x.raw],
+        ),
+        Pass::BackwardFilter => (
+            lib.cudnnGetConvolutionBackwardFilterWorkspaceSize,
+            [desc.x.raw, desc.y.raw, desc.conv.raw, desc.w.raw],
+        ),
     };
-    // SAFETY (all three arms): `handle` and the descriptors are live; `size` is a valid
-    // out-pointer.
-    match pass {
-        Pass::Forward => {
-            for algo in FORWARD_ALGOS {
-                let mut size = 0usize;
-                let status = unsafe {
-                    sys::cudnnGetConvolutionForwardWorkspaceSize(
-                        handle,
-                        desc.x.0,
-                        desc.w.0,
-                        desc.conv.0,
-                        desc.y.0,
-                        algo,
-                        &mut size,
-                    )
-                };
-                push(status, size);
-            }
-        }
-        Pass::BackwardData => {
-            for algo in BACKWARD_DATA_ALGOS {
-                let mut size = 0usize;
-                let status = unsafe {
-                    sys::cudnnGetConvolutionBackwardDataWorkspaceSize(
-                        handle,
-                        desc.w.0,
-                        desc.y.0,
-                        desc.conv.0,
-                        desc.x.0,
-                        algo,
-                        &mut size,
-                    )
-                };
-                push(status, size);
-            }
-        }
-        Pass::BackwardFilter => {
-            for algo in BACKWARD_FILTER_ALGOS {
-                let mut size = 0usize;
-                let status = unsafe {
-                    sys::cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                        handle,
-                        desc.x.0,
-                        desc.y.0,
-                        desc.conv.0,
-                        desc.w.0,
-                        algo,
-                        &mut size,
-                    )
-                };
-                push(status, size);
-            }
-        }
-    }
-    sizes
+    (0..plan::algo_count(pass) as c_int)
+        .filter_map(|algo| {
+            let mut size = 0usize;
+            // SAFETY: `handle` and the descriptors are live, in the pass's argument order;
+            // `size` is a valid out-pointer. An algorithm the shape does not take answers with
+            // a status, not a size.
+            let status = unsafe { get(handle, a, b, c, d, algo, &mut size) };
+            (status == 0).then_some(size)
+        })
+        .collect()
 }
 
 /// The successful results of `cudnnFind*AlgorithmEx`, fastest first: `(algorithm, math type,
 /// workspace bytes)`.
 fn find(
-    handle: sys::cudnnHandle_t,
+    lib: &Library,
+    handle: Handle,
     desc: &Descriptors,
     pass: Pass,
     [a, b, out]: [u64; 3],
-    ws_ptr: u64,
-    ws_size: usize,
-) -> Result<Vec<(Algo, MathType, usize)>, String> {
-    let (a, b, out) = (a as *const c_void, b as *const c_void, out as *mut c_void);
-    let ws = ws_ptr as *mut c_void;
-    let mut returned = 0i32;
-    let success = sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
-    // SAFETY (all three arms): `handle` and the descriptors are live; `a`, `b` and `out` are
-    // device buffers of the descriptors' sizes (bindings resolved by `launch_external`, packed
-    // NCHW), `ws` holds `ws_size` bytes (or is null with 0); `results` has room for the
-    // `requested` entries cuDNN may write, and only the `returned` first are read. All-zero
-    // results are valid values of the C structs (algorithm 0, success, default math).
-    // One search: `$find` with the descriptors in its order, results of type `$perf`, at most
-    // `$count`, each algorithm wrapped as `$algo`.
-    macro_rules! search {
-        ($find:ident, $perf:ty, $count:expr, $algo:path, [$d1:expr, $d2:expr, $d3:expr, $d4:expr]) => {{
-            let mut results = [unsafe { MaybeUninit::<$perf>::zeroed().assume_init() }; $count];
-            check(
-                unsafe {
-                    sys::$find(
-                        handle,
-                        $d1,
-                        a,
-                        $d2,
-                        b,
-                        $d3,
-                        $d4,
-                        out,
-                        results.len() as i32,
-                        &mut returned,
-                        results.as_mut_ptr(),
-                        ws,
-                        ws_size,
-                    )
-                },
-                stringify!($find),
-            )?;
-            results[..returned.clamp(0, results.len() as i32) as usize]
-                .iter()
-                .filter(|r| r.status == success)
-                .map(|r| ($algo(r.algo), from_math_type(r.mathType), r.memory))
-                .collect()
-        }};
-    }
-    let found = match pass {
-        Pass::Forward => search!(
-            cudnnFindConvolutionForwardAlgorithmEx,
-            sys::cudnnConvolutionFwdAlgoPerf_t,
-            FORWARD_ALGOS.len(),
-            Algo::Forward,
-            [desc.x.0, desc.w.0, desc.conv.0, desc.y.0]
+    scratch: u64,
+    scratch_size: usize,
+) -> Result<Vec<(u32, MathType, usize)>, Failure> {
+    let (find, name, [da, db, dconv, dout]) = match pass {
+        Pass::Forward => (
+            lib.cudnnFindConvolutionForwardAlgorithmEx,
+            "cudnnFindConvolutionForwardAlgorithmEx",
+            [desc.x.raw, desc.w.raw, desc.conv.raw, desc.y.raw],
         ),
-        Pass::BackwardData => search!(
-            cudnnFindConvolutionBackwardDataAlgorithmEx,
-            sys::cudnnConvolutionBwdDataAlgoPerf_t,
-            BACKWARD_DATA_ALGOS.len(),
-            Algo::BackwardData,
-            [desc.w.0, desc.y.0, desc.conv.0, desc.x.0]
+        Pass::BackwardData => (
+            lib.cudnnFindConvolutionBackwardDataAlgorithmEx,
+            "cudnnFindConvolutionBackwardDataAlgorithmEx",
+            [desc.w.raw, desc.y.raw, desc.conv.raw, desc.x.raw],
         ),
-        Pass::BackwardFilter => search!(
-            cudnnFindConvolutionBackwardFilterAlgorithmEx,
-            sys::cudnnConvolutionBwdFilterAlgoPerf_t,
-            BACKWARD_FILTER_ALGOS.len(),
-            Algo::BackwardFilter,
-            [desc.x.0, desc.y.0, desc.conv.0, desc.w.0]
+        Pass::BackwardFilter => (
+            lib.cudnnFindConvolutionBackwardFilterAlgorithmEx,
+            "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+            [desc.x.raw, desc.y.raw, desc.conv.raw, desc.w.raw],
         ),
     };
-    Ok(found)
+    let mut results = [AlgoPerf::default(); 8];
+    let requested = plan::algo_count(pass) as c_int;
+    let mut returned: c_int = 0;
+    // SAFETY: `handle` and the descriptors are live, in the pass's argument order; `a`, `b` and
+    // `out` are device buffers of the descriptors' sizes (bindings resolved by the launch,
+    // packed NCHW); the scratch holds `scratch_size` bytes (or is null with 0); `results` has
+    // room for the `requested` entries cuDNN may write (at most 8), and only the `returned`
+    // first are read. Every field is a plain number, so any value cuDNN writes is valid.
+    let status = unsafe {
+        find(
+            handle,
+            da,
+            a as *const c_void,
+            db,
+            b as *const c_void,
+            dconv,
+            dout,
+            out as *mut c_void,
+            requested,
+            &mut returned,
+            results.as_mut_ptr(),
+            scratch as *mut c_void,
+            scratch_size,
+        )
+    };
+    check(lib, status, name)?;
+    let count = plan::algo_count(pass);
+    Ok(results[..returned.clamp(0, requested) as usize]
+        .iter()
+        .filter(|r| r.status == 0 && (r.algo as u32) < count)
+        .filter_map(|r| {
+            let math = MathType::from_cudnn_code(r.math_type as u32)?;
+            Some((r.algo as u32, math, r.memory))
+        })
+        .collect())
 }
 
 /// Enqueues the convolution on the handle's stream: `out = op(a, b)` with alpha 1, beta 0
 /// (alpha and beta are f32 for f32 compute, whatever the data type).
+#[allow(clippy::too_many_arguments)]
 fn launch_algo(
-    handle: sys::cudnnHandle_t,
+    lib: &Library,
+    handle: Handle,
     desc: &Descriptors,
-    algo: Algo,
+    pass: Pass,
+    algo: c_int,
     [a, b, out]: [u64; 3],
-    ws_ptr: u64,
-    ws_size: usize,
-) -> Result<(), String> {
+    workspace: u64,
+    workspace_size: usize,
+) -> Result<(), Failure> {
     let (alpha, beta) = (1.0f32, 0.0f32);
     let alpha = &alpha as *const f32 as *const c_void;
     let beta = &beta as *const f32 as *const c_void;
-    let (a, b, out) = (a as *const c_void, b as *const c_void, out as *mut c_void);
-    let ws = ws_ptr as *mut c_void;
-    // SAFETY (all three arms): as in `find`; `algo` came from a successful search for these
-    // descriptors and `ws` holds the `ws_size` bytes it asked for. The call only enqueues work
-    // on the stream; the buffers stay alive (and unreused) until the stream has passed it
-    // (`launch_external`).
-    let status = match algo {
-        Algo::Forward(algo) => unsafe {
-            sys::cudnnConvolutionForward(
-                handle,
-                alpha,
-                desc.x.0,
-                a,
-                desc.w.0,
-                b,
-                desc.conv.0,
-                algo,
-                ws,
-                ws_size,
-                beta,
-                desc.y.0,
-                out,
-            )
-        },
-        Algo::BackwardData(algo) => unsafe {
-            sys::cudnnConvolutionBackwardData(
-                handle,
-                alpha,
-                desc.w.0,
-                a,
-                desc.y.0,
-                b,
-                desc.conv.0,
-                algo,
-                ws,
-                ws_size,
-                beta,
-                desc.x.0,
-                out,
-            )
-        },
-        Algo::BackwardFilter(algo) => unsafe {
-            sys::cudnnConvolutionBackwardFilter(
-                handle,
-                alpha,
-                desc.x.0,
-                a,
-                desc.y.0,
-                b,
-                desc.conv.0,
-                algo,
-                ws,
-                ws_size,
-                beta,
-                desc.w.0,
-                out,
-            )
-        },
+    let (call, name, [da, db, dout]) = match pass {
+        Pass::Forward => (
+            lib.cudnnConvolutionForward,
+            "cudnnConvolutionForward",
+            [desc.x.raw, desc.w.raw, desc.y.raw],
+        ),
+        Pass::BackwardData => (
+            lib.cudnnConvolutionBackwardData,
+            "cudnnConvolutionBackwardData",
+            [desc.w.raw, desc.y.raw, desc.x.raw],
+        ),
+        Pass::BackwardFilter => (
+            lib.cudnnConvolutionBackwardFilter,
+            "cudnnConvolutionBackwardFilter",
+            [desc.x.raw, desc.y.raw, desc.w.raw],
+        ),
     };
-    check(status, "the cuDNN convolution")
-}
-
-/// The version of the cuDNN library loaded, or why there is none. Probes for the library before
-/// calling into it (cudarc panics on a missing library).
-pub(crate) fn version() -> Result<usize, String> {
-    // SAFETY: only tries to open the library.
-    if !unsafe { sys::is_culib_present() } {
-        return Err("libcudnn (cuDNN 8 or 9) not found on the library path".into());
-    }
-    // SAFETY: the library is present; `cudnnGetVersion` takes no arguments.
-    let version = unsafe { sys::cudnnGetVersion() };
-    if version < 8000 {
-        return Err(format!(
-            "cuDNN {} is older than 8",
-            plan::version_name(version)
-        ));
-    }
-    Ok(version)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The pure module's codes are cuDNN's (cudarc's enums are the C header's values).
-    #[test]
-    fn codes_match_cudarcs_enums() {
-        for data in [DataType::F32, DataType::F16, DataType::Bf16] {
-            assert_eq!(data_type(data) as u32, data.cudnn_code());
-        }
-        for math in [
-            MathType::Default,
-            MathType::TensorOp,
-            MathType::TensorOpAllowConversion,
-            MathType::Fma,
-        ] {
-            assert_eq!(math_type(math) as u32, math.cudnn_code());
-            assert_eq!(from_math_type(math_type(math)), math);
-        }
-    }
-
-    /// Kept choices name algorithms by their enum's value; each comes back as itself, and a
-    /// value this cuDNN does not have as none.
-    #[test]
-    fn algorithms_come_back_from_their_codes() {
-        let all = FORWARD_ALGOS
-            .map(Algo::Forward)
-            .into_iter()
-            .map(|a| (Pass::Forward, a))
-            .chain(BACKWARD_DATA_ALGOS.map(|a| (Pass::BackwardData, Algo::BackwardData(a))))
-            .chain(BACKWARD_FILTER_ALGOS.map(|a| (Pass::BackwardFilter, Algo::BackwardFilter(a))));
-        for (pass, algo) in all {
-            let back = Algo::from_code(pass, algo.code()).expect("known code");
-            assert_eq!(format!("{back:?}"), format!("{algo:?}"));
-        }
-        assert!(Algo::from_code(Pass::Forward, 8).is_none());
-        assert!(Algo::from_code(Pass::BackwardData, 6).is_none());
-        assert!(Algo::from_code(Pass::BackwardFilter, 7).is_none());
-    }
+    // SAFETY: as in `find`; `algo` is one cuDNN supports for these descriptors (searched, or
+    // kept and checked against cuDNN's count; a wrong one is refused with a status) and the
+    // workspace holds the `workspace_size` bytes it asked for. The call only enqueues work on
+    // the stream; the buffers stay alive (and unreused) until the stream has passed it.
+    let status = unsafe {
+        call(
+            handle,
+            alpha,
+            da,
+            a as *const c_void,
+            db,
+            b as *const c_void,
+            desc.conv.raw,
+            algo,
+            workspace as *mut c_void,
+            workspace_size,
+            beta,
+            dout,
+            out as *mut c_void,
+        )
+    };
+    check(lib, status, name)
 }

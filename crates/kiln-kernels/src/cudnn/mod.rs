@@ -4,18 +4,20 @@
 //! burn's fusion stream (`op.rs`) that calls cuDNN on cubecl's own stream (`ffi.rs`, through
 //! kiln's patched cubecl-cuda: `launch_external`).
 //!
-//! cuDNN is loaded at run time. Where it is missing, too old or fails to start, [`conv2d`]
-//! returns `None` and burn's convolution runs; where it fails on one call, that call runs
-//! burn's kernel instead (logged once). Batch norm likewise.
+//! cuDNN 9 is loaded at run time (`library.rs`). Where it is missing, not 9 or fails to start,
+//! [`conv2d`] returns `None` and burn's convolution runs; where a call fails, burn's kernel runs
+//! it instead, for good or until a later try (`policy.rs`; each distinct failure logged once).
+//! Batch norm likewise.
 
+mod choices;
 mod ffi;
+mod library;
 mod norm;
 mod norm_math;
 pub(crate) mod op;
 mod plan;
+pub(crate) mod policy;
 mod store;
-
-use std::sync::OnceLock;
 
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -42,19 +44,18 @@ pub(crate) fn status() -> Result<String, String> {
     if !crate::enabled() {
         return Err("KILN_KERNELS=burn".into());
     }
-    version()
-        .as_ref()
-        .map(|&v| plan::version_name(v))
-        .map_err(Clone::clone)
+    let library = library::library().map_err(str::to_string)?;
+    // SAFETY: takes no arguments.
+    Ok(plan::version_name(unsafe { (library.cudnnGetVersion)() }))
 }
 
-fn version() -> &'static Result<usize, String> {
-    static VERSION: OnceLock<Result<usize, String>> = OnceLock::new();
-    VERSION.get_or_init(ffi::version)
+/// The algorithm searches run so far in this process.
+pub(crate) fn searches() -> usize {
+    ffi::SEARCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 fn available() -> bool {
-    version().is_ok() && !ffi::failed_to_start()
+    library::library().is_ok() && !ffi::failed_to_start()
 }
 
 /// cuDNN's convolution when `B` is CUDA (with or without autodiff) and cuDNN is there; `None`

@@ -7,10 +7,11 @@
 //! batch norm, and autodiff keeps their intermediate tensors; here it is one kernel and node each
 //! way, and the backward keeps the input and two per-channel vectors, as PyTorch's does.
 //!
-//! Where a cuDNN call fails, the same pass runs in burn's operations on cubecl's kernels
-//! (`norm_math.rs`, logged once).
+//! The first call of each shape waits for the CUDA thread, and where cuDNN fails the same pass
+//! runs in burn's operations on cubecl's kernels (`norm_math.rs`, each distinct failure logged
+//! once); later calls are queued without waiting (`policy`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::LazyLock;
 
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -25,12 +26,12 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_fusion::stream::{Operation, OperationStreams};
 use burn_ir::{CustomOpIr, OperationIr, TensorIr};
 use cubecl_cuda::{CudaRuntime, ExternalLaunch};
-use cudarc::cudnn::sys;
 
-use super::ffi::{TensorDesc, check, handle_on};
+use super::ffi::{BATCHNORM_SPATIAL, Descriptor, check, handle_on, lib};
 use super::norm_math;
-use super::op::{Handles, Runtime, inputs};
+use super::op::{Handles, Runtime, aligned, inputs, report};
 use super::plan::DataType;
+use super::policy::{Failure, Keys, Outcome, Route};
 use super::{Cube, Cuda, Train, available};
 use crate::same;
 
@@ -156,10 +157,28 @@ impl Backward<Cuda, 3> for BatchNormBackward {
 /// Batch norm's two passes. Inputs and outputs, in order: forward `[x, weight, bias]` to `[y,
 /// mean, inv_std, batch mean, unbiased variance]`; backward `[x, dy, weight, mean, inv_std]` to
 /// `[dx, dweight, dbias]`. Every tensor f32.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Pass {
     Forward,
     Backward,
+}
+
+impl Pass {
+    fn name(self) -> &'static str {
+        match self {
+            Pass::Forward => "kiln_cudnn_batch_norm",
+            Pass::Backward => "kiln_cudnn_batch_norm_backward",
+        }
+    }
+}
+
+/// A batch norm call's key: the pass, the input's shape and whether its buffers are aligned.
+type NormKey = (Pass, [usize; 4], bool);
+
+/// Every batch norm key met in this process.
+fn keys() -> &'static Keys<NormKey, ()> {
+    static KEYS: LazyLock<Keys<NormKey, ()>> = LazyLock::new(Keys::default);
+    &KEYS
 }
 
 /// Registers `pass` in the inputs' fusion stream and returns its outputs, of `shapes`.
@@ -176,11 +195,7 @@ fn register<const N: usize>(
         .map(|dims| TensorIr::uninit(client.create_empty_handle(), Shape::from(dims), DType::F32))
         .collect();
     let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
-    let name = match pass {
-        Pass::Forward => "kiln_cudnn_batch_norm",
-        Pass::Backward => "kiln_cudnn_batch_norm_backward",
-    };
-    let desc = CustomOpIr::new(name, &inputs, &outputs);
+    let desc = CustomOpIr::new(pass.name(), &inputs, &outputs);
     let op = CudnnBatchNorm {
         desc: desc.clone(),
         pass,
@@ -199,18 +214,8 @@ struct CudnnBatchNorm {
 impl Operation<Runtime> for CudnnBatchNorm {
     fn execute(&self, handles: &mut Handles) {
         let inputs = inputs(&self.desc, handles);
-        let outputs = match with_cudnn(self.pass, &inputs, self.eps) {
-            Ok(outputs) => outputs,
-            Err(why) => {
-                static WARNED: AtomicBool = AtomicBool::new(false);
-                if !WARNED.swap(true, Ordering::Relaxed) {
-                    log::warn!(
-                        "cuDNN did not run a batch norm, burn's operations did (logged once): {why}"
-                    );
-                }
-                with_burn(self.pass, inputs, self.eps)
-            }
-        };
+        let outputs = with_cudnn(self.pass, &inputs, self.eps)
+            .unwrap_or_else(|| with_burn(self.pass, inputs, self.eps));
         for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
             handles.register_float_tensor::<Cube>(&ir.id, tensor);
         }
@@ -252,43 +257,39 @@ fn with_burn(
     }
 }
 
-/// The pass through cuDNN on the stream of the current `StreamId`, or why not.
+/// The pass through cuDNN on the stream of the current `StreamId`: its outputs, queued without
+/// waiting for a shape that ran before; `None` where cuDNN does not run it (burn's operations
+/// then do).
 fn with_cudnn(
     pass: Pass,
     inputs: &[CubeTensor<CudaRuntime>],
     eps: f64,
-) -> Result<Vec<CubeTensor<CudaRuntime>>, String> {
-    if inputs.iter().any(|t| t.dtype != DType::F32) {
-        return Err("a tensor is not f32".into());
-    }
+) -> Option<Vec<CubeTensor<CudaRuntime>>> {
     let shape = inputs[0].meta.shape();
-    if shape.num_dims() != 4 {
-        return Err(format!("x is {}-D", shape.num_dims()));
+    if inputs.iter().any(|t| t.dtype != DType::F32) || shape.num_dims() != 4 {
+        report(pass.name(), &Failure::unsupported("a tensor is not f32 or x is not 4-D"));
+        return None;
     }
     let dims: [usize; 4] = shape.dims();
-    let c = dims[1];
+    let key = (pass, dims, inputs.iter().all(aligned));
+    let wait = match keys().route(&key) {
+        Route::Burn => return None,
+        Route::Launch(()) => false,
+        Route::Wait { .. } => true,
+    };
     // cuDNN reads packed tensors: an output gradient can come broadcast (zero strides).
     let packed: Vec<CubeTensor<CudaRuntime>> =
         inputs.iter().map(|t| into_contiguous(t.clone())).collect();
     let x = &packed[0];
+    let c = dims[1];
     let empty = |dims: Vec<usize>| {
-        empty_device_contiguous_dtype(
-            x.client.clone(),
-            x.device.clone(),
-            Shape::from(dims),
-            DType::F32,
-        )
+        empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), Shape::from(dims), DType::F32)
     };
-    let outputs: Vec<CubeTensor<CudaRuntime>> = match pass {
-        Pass::Forward => [dims.to_vec(), vec![c], vec![c], vec![c], vec![c]]
-            .into_iter()
-            .map(empty)
-            .collect(),
-        Pass::Backward => [dims.to_vec(), vec![c], vec![c]]
-            .into_iter()
-            .map(empty)
-            .collect(),
+    let shapes = match pass {
+        Pass::Forward => vec![dims.to_vec(), vec![c], vec![c], vec![c], vec![c]],
+        Pass::Backward => vec![dims.to_vec(), vec![c], vec![c]],
     };
+    let outputs: Vec<CubeTensor<CudaRuntime>> = shapes.into_iter().map(empty).collect();
     let bindings = packed
         .iter()
         .chain(&outputs)
@@ -298,18 +299,58 @@ fn with_cudnn(
         Pass::Forward => forward_training(launch, dims, eps),
         Pass::Backward => backward(launch, dims, eps),
     };
-    match cubecl_cuda::launch_external(&x.device, bindings, run) {
-        Ok(Ok(())) => Ok(outputs),
-        Ok(Err(why)) => Err(why),
-        Err(err) => Err(format!("{err:?}")),
+    let (client, device) = (x.client.clone(), x.device.clone());
+    if !wait {
+        let failed = move |launch: &mut ExternalLaunch<'_>| {
+            run(launch).map_err(|failure| {
+                keys().launch_failed(&key, &failure);
+                format!("kiln: cuDNN's batch norm of {dims:?} failed after it had run before: {}", failure.why)
+            })
+        };
+        cubecl_cuda::launch_external_async(&client, &device, pass.name(), bindings, failed);
+        return Some(outputs);
+    }
+    let outcome = match cubecl_cuda::launch_external(&client, &device, pass.name(), bindings, run) {
+        Ok(Ok(())) => Outcome::Ran { choice: (), searched: false, full_scratch: true },
+        Ok(Err(failure)) => Outcome::Failed(failure),
+        Err(err) => Outcome::Failed(Failure::transient(format!("{err:?}"))),
+    };
+    keys().settle(&key, &outcome);
+    match outcome {
+        Outcome::Ran { .. } => Some(outputs),
+        Outcome::Failed(failure) => {
+            report(&format!("{} of {dims:?}", pass.name()), &failure);
+            None
+        }
     }
 }
 
+thread_local! {
+    /// The descriptors of each batch norm shape met on this (CUDA server) thread: `x`'s and the
+    /// per-channel one derived from it.
+    static DESCRIPTORS: std::cell::RefCell<std::collections::HashMap<[usize; 4], std::rc::Rc<(Descriptor, Descriptor)>>> =
+        Default::default();
+}
+
+/// This thread's descriptors for `dims`, made on first use.
+fn descriptors(dims: [usize; 4]) -> Result<std::rc::Rc<(Descriptor, Descriptor)>, Failure> {
+    if let Some(found) = DESCRIPTORS.with_borrow(|map| map.get(&dims).cloned()) {
+        return Ok(found);
+    }
+    let lib = lib()?;
+    let x = Descriptor::tensor(lib, DataType::F32, dims)?;
+    let channel = Descriptor::batch_norm(lib, &x)?;
+    let made = std::rc::Rc::new((x, channel));
+    DESCRIPTORS.with_borrow_mut(|map| map.insert(dims, made.clone()));
+    Ok(made)
+}
+
 /// Bindings `[x, weight, bias, y, mean, inv_std, batch mean, unbiased variance]`.
-fn forward_training(launch: &ExternalLaunch<'_>, dims: [usize; 4], eps: f64) -> Result<(), String> {
-    let handle = handle_on(launch)?;
-    let x_desc = TensorDesc::new(DataType::F32, dims)?;
-    let channel = TensorDesc::batch_norm(&x_desc)?;
+fn forward_training(launch: &ExternalLaunch<'_>, dims: [usize; 4], eps: f64) -> Result<(), Failure> {
+    let lib = lib()?;
+    let handle = handle_on(lib, launch)?;
+    let desc = descriptors(dims)?;
+    let (x_desc, channel) = (&desc.0, &desc.1);
     let [x, weight, bias, y, mean, inv_std, batch_mean, unbiased_var] =
         [0, 1, 2, 3, 4, 5, 6, 7].map(|i| launch.ptr(i) as *mut std::ffi::c_void);
     // cuDNN's "running" statistics with an average factor of 1 are the batch's own (the
@@ -325,72 +366,69 @@ fn forward_training(launch: &ExternalLaunch<'_>, dims: [usize; 4], eps: f64) -> 
                 launch.stream(),
             )
         }
-        .map_err(|e| format!("zeroing the batch statistics: {e:?}"))?;
+        .map_err(|e| Failure::transient(format!("zeroing the batch statistics: {e:?}")))?;
     }
     let (one, zero) = (1.0f32, 0.0f32);
     // SAFETY: `handle` and the descriptors are live; the pointers are the bindings' device
     // buffers: `x` and `y` packed NCHW of `dims`, the rest `[C]` f32 (`with_cudnn`). The call
     // only enqueues work on the stream; the buffers outlive it (`launch_external`).
-    check(
-        unsafe {
-            sys::cudnnBatchNormalizationForwardTraining(
-                handle,
-                sys::cudnnBatchNormMode_t::CUDNN_BATCHNORM_SPATIAL,
-                (&one as *const f32).cast(),
-                (&zero as *const f32).cast(),
-                x_desc.0,
-                x,
-                x_desc.0,
-                y,
-                channel.0,
-                weight,
-                bias,
-                1.0,
-                batch_mean,
-                unbiased_var,
-                eps,
-                mean,
-                inv_std,
-            )
-        },
-        "cudnnBatchNormalizationForwardTraining",
-    )
+    let status = unsafe {
+        (lib.cudnnBatchNormalizationForwardTraining)(
+            handle,
+            BATCHNORM_SPATIAL,
+            (&one as *const f32).cast(),
+            (&zero as *const f32).cast(),
+            x_desc.raw,
+            x,
+            x_desc.raw,
+            y,
+            channel.raw,
+            weight,
+            bias,
+            1.0,
+            batch_mean,
+            unbiased_var,
+            eps,
+            mean,
+            inv_std,
+        )
+    };
+    check(lib, status, "cudnnBatchNormalizationForwardTraining")
 }
 
 /// Bindings `[x, dy, weight, mean, inv_std, dx, dweight, dbias]`.
-fn backward(launch: &ExternalLaunch<'_>, dims: [usize; 4], eps: f64) -> Result<(), String> {
-    let handle = handle_on(launch)?;
-    let x_desc = TensorDesc::new(DataType::F32, dims)?;
-    let channel = TensorDesc::batch_norm(&x_desc)?;
+fn backward(launch: &ExternalLaunch<'_>, dims: [usize; 4], eps: f64) -> Result<(), Failure> {
+    let lib = lib()?;
+    let handle = handle_on(lib, launch)?;
+    let desc = descriptors(dims)?;
+    let (x_desc, channel) = (&desc.0, &desc.1);
     let [x, dy, weight, mean, inv_std, dx, dweight, dbias] =
         [0, 1, 2, 3, 4, 5, 6, 7].map(|i| launch.ptr(i) as *mut std::ffi::c_void);
     let (one, zero) = (1.0f32, 0.0f32);
     let (one, zero) = ((&one as *const f32).cast(), (&zero as *const f32).cast());
     // SAFETY: as in `forward_training`; `mean` and `inv_std` are the forward's.
-    check(
-        unsafe {
-            sys::cudnnBatchNormalizationBackward(
-                handle,
-                sys::cudnnBatchNormMode_t::CUDNN_BATCHNORM_SPATIAL,
-                one,
-                zero,
-                one,
-                zero,
-                x_desc.0,
-                x,
-                x_desc.0,
-                dy,
-                x_desc.0,
-                dx,
-                channel.0,
-                weight,
-                dweight,
-                dbias,
-                eps,
-                mean,
-                inv_std,
-            )
-        },
-        "cudnnBatchNormalizationBackward",
-    )
+    let status = unsafe {
+        (lib.cudnnBatchNormalizationBackward)(
+            handle,
+            BATCHNORM_SPATIAL,
+            one,
+            zero,
+            one,
+            zero,
+            x_desc.raw,
+            x,
+            x_desc.raw,
+            dy,
+            x_desc.raw,
+            dx,
+            channel.raw,
+            weight,
+            dweight,
+            dbias,
+            eps,
+            mean,
+            inv_std,
+        )
+    };
+    check(lib, status, "cudnnBatchNormalizationBackward")
 }

@@ -8,10 +8,12 @@
 //! burn-vision 0.21 registers its kernels) is queued like burn's own convolution: the fusion
 //! server runs it in order, with its inputs computed, on its thread and under the registering
 //! thread's `StreamId` (burn-fusion `UnfusedOp::execute`), so the CUDA work lands on the same
-//! cubecl stream as burn's own kernels would. Nothing waits for the GPU (except the one-off
-//! algorithm search of a new shape).
-
-use std::sync::atomic::{AtomicBool, Ordering};
+//! cubecl stream as burn's own kernels would.
+//!
+//! The first call of each shape waits for the CUDA thread (it searches cuDNN's algorithms, or
+//! runs the choice kept in kiln's cache, and burn's kernel runs where that fails); from then on
+//! a call is queued on the CUDA thread and the fusion thread goes on, as after one of cubecl's
+//! kernels (`policy`). Nothing waits for the GPU but the one-off search.
 
 use burn::tensor::ops::{ConvOptions, FloatTensor, FloatTensorOps, ModuleOps};
 use burn::tensor::{DType, FloatDType, Shape, TensorMetadata};
@@ -24,8 +26,10 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 use cubecl_cuda::CudaRuntime;
 
+use super::choices::{self, convolutions};
 use super::ffi::{self, Job};
-use super::plan::{DataType, Geometry, Pass};
+use super::plan::{self, AlgoKey, DataType, Geometry, Pass};
+use super::policy::{Cause, Failure, Outcome, Route};
 use super::{Cube, Cuda};
 
 /// Registers `pass` in `x`'s fusion stream and returns its output: forward from `[x, w]`,
@@ -57,6 +61,15 @@ pub(crate) fn register(
 }
 
 impl Pass {
+    /// The two inputs cuDNN reads for this pass, of the registered `[x, w]` or `[x, w, dy]`.
+    fn operands<T>(self, inputs: &[T]) -> [&T; 2] {
+        match self {
+            Pass::Forward => [&inputs[0], &inputs[1]],
+            Pass::BackwardData => [&inputs[1], &inputs[2]],
+            Pass::BackwardFilter => [&inputs[0], &inputs[2]],
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Pass::Forward => "kiln_cudnn_conv2d",
@@ -102,23 +115,41 @@ impl Operation<Runtime> for CudnnConv {
     }
 }
 
-/// cuDNN's result, or burn's kernel's where cuDNN does not run (logged once).
+/// cuDNN's result, or burn's kernel's where cuDNN does not run (each distinct reason logged
+/// once).
 fn convolve(
     pass: Pass,
     inputs: Vec<CubeTensor<CudaRuntime>>,
     options: &ConvOptions<2>,
 ) -> CubeTensor<CudaRuntime> {
-    match with_cudnn(pass, &inputs, options) {
-        Ok(output) => output,
+    let call = match Call::new(pass, &inputs, options) {
+        Ok(call) => call,
         Err(why) => {
-            static WARNED: AtomicBool = AtomicBool::new(false);
-            if !WARNED.swap(true, Ordering::Relaxed) {
-                log::warn!(
-                    "cuDNN did not run a convolution, burn's kernel did (logged once): {why}"
-                );
-            }
-            with_burn(pass, inputs, options)
+            report(pass.name(), &Failure::unsupported(why));
+            return with_burn(pass, inputs, options);
         }
+    };
+    if !convolutions().knows(&call.key) {
+        choices::read_kept(call.key.device);
+    }
+    match convolutions().route(&call.key) {
+        Route::Burn => with_burn(pass, inputs, options),
+        Route::Launch(choice) => call.launch(inputs, choice),
+        Route::Wait { kept } => call
+            .wait(inputs.clone(), kept)
+            .unwrap_or_else(|| with_burn(pass, inputs, options)),
+    }
+}
+
+/// Logs a failure once per distinct line, with what runs instead.
+pub(crate) fn report(what: &str, failure: &Failure) {
+    let instead = match failure.cause {
+        Cause::Unsupported => "burn's kernel runs it",
+        Cause::Transient => "burn's kernel runs it until a later try",
+    };
+    let line = format!("cuDNN did not run {what}: {}; {instead}", failure.why);
+    if convolutions().first_report(&line) {
+        log::warn!("{line}");
     }
 }
 
@@ -145,61 +176,146 @@ fn dims(tensor: &CubeTensor<CudaRuntime>) -> [usize; 4] {
     dims
 }
 
-/// The convolution through cuDNN on the stream of the current `StreamId`, or why not.
-fn with_cudnn(
-    pass: Pass,
-    inputs: &[CubeTensor<CudaRuntime>],
-    options: &ConvOptions<2>,
-) -> Result<CubeTensor<CudaRuntime>, String> {
-    if inputs.iter().any(|t| t.meta.shape().num_dims() != 4) {
-        return Err("a tensor is not 4-D".into());
+/// Whether cuDNN will see this tensor at a 16-byte aligned address: a packed copy is (cubecl
+/// allocates at 512 bytes), a tensor already packed is where its offset is.
+pub(crate) fn aligned(tensor: &CubeTensor<CudaRuntime>) -> bool {
+    !tensor.is_contiguous() || plan::aligned_16(&[tensor.handle.offset_start.unwrap_or(0)])
+}
+
+/// One convolution cuDNN can take: its key and what the CUDA thread needs.
+struct Call {
+    key: AlgoKey,
+    job: Job,
+}
+
+impl Call {
+    /// The call of `pass` on `inputs`, or why cuDNN's path does not take it.
+    fn new(
+        pass: Pass,
+        inputs: &[CubeTensor<CudaRuntime>],
+        options: &ConvOptions<2>,
+    ) -> Result<Self, String> {
+        let expected = if pass == Pass::Forward { 2 } else { 3 };
+        if inputs.len() != expected {
+            return Err(format!("{} inputs, expected {expected}", inputs.len()));
+        }
+        if inputs.iter().any(|t| t.meta.shape().num_dims() != 4) {
+            return Err("a tensor is not 4-D".into());
+        }
+        let dtype = inputs[0].dtype;
+        if inputs.iter().any(|t| t.dtype != dtype) {
+            let dtypes: Vec<DType> = inputs.iter().map(|t| t.dtype).collect();
+            return Err(format!("mixed dtypes {dtypes:?}"));
+        }
+        let data = DataType::from_dtype(dtype).ok_or_else(|| format!("dtype {dtype:?}"))?;
+        let geometry = Geometry::new(dims(&inputs[0]), dims(&inputs[1]), options)?;
+        if let Some(dy) = inputs.get(2)
+            && dims(dy) != geometry.y
+        {
+            return Err(format!(
+                "output gradient {:?}, expected {:?}",
+                dims(dy),
+                geometry.y
+            ));
+        }
+        let job = Job {
+            pass,
+            data,
+            geometry,
+            tf32: crate::tf32(),
+        };
+        let key = AlgoKey {
+            device: inputs[0].device.index,
+            pass,
+            data,
+            geometry,
+            tf32: job.tf32,
+            aligned: pass.operands(inputs).iter().all(|t| aligned(t)),
+        };
+        Ok(Call { key, job })
     }
-    let dtype = inputs[0].dtype;
-    if inputs.iter().any(|t| t.dtype != dtype) {
-        let dtypes: Vec<DType> = inputs.iter().map(|t| t.dtype).collect();
-        return Err(format!("mixed dtypes {dtypes:?}"));
+
+    /// The packed operands in the job's binding order, and the output they are written to.
+    fn operands(
+        &self,
+        inputs: Vec<CubeTensor<CudaRuntime>>,
+    ) -> (Vec<CubeTensor<CudaRuntime>>, CubeTensor<CudaRuntime>) {
+        // cuDNN reads packed NCHW: gradients can come with broadcast (zero) strides, views with
+        // others, and burn's allocator pitches rows (`into_contiguous` packs, on this stream).
+        let packed: Vec<CubeTensor<CudaRuntime>> = inputs.into_iter().map(into_contiguous).collect();
+        let x = &packed[0];
+        let output = empty_device_contiguous_dtype(
+            x.client.clone(),
+            x.device.clone(),
+            Shape::from(self.job.geometry.output(self.job.pass).to_vec()),
+            x.dtype,
+        );
+        let operands = self.job.pass.operands(&packed).map(Clone::clone);
+        (operands.to_vec(), output)
     }
-    let data = DataType::from_dtype(dtype).ok_or_else(|| format!("dtype {dtype:?}"))?;
-    let geometry = Geometry::new(dims(&inputs[0]), dims(&inputs[1]), options)?;
-    if let Some(dy) = inputs.get(2)
-        && dims(dy) != geometry.y
-    {
-        return Err(format!(
-            "output gradient {:?}, expected {:?}",
-            dims(dy),
-            geometry.y
-        ));
+
+    /// Queues the convolution with `choice` and returns its output at once.
+    fn launch(
+        &self,
+        inputs: Vec<CubeTensor<CudaRuntime>>,
+        choice: super::plan::Choice,
+    ) -> CubeTensor<CudaRuntime> {
+        let (operands, output) = self.operands(inputs);
+        let (client, device) = (output.client.clone(), output.device.clone());
+        let mut bindings: Vec<_> = operands
+            .iter()
+            .chain([&output])
+            .map(|t| t.handle.clone().binding())
+            .collect();
+        if choice.workspace > 0 {
+            bindings.push(client.empty(choice.workspace).binding());
+        }
+        let (key, job) = (self.key, self.job);
+        let run = move |launch: &mut cubecl_cuda::ExternalLaunch<'_>| {
+            ffi::launch(launch, &job, choice).map_err(|failure| {
+                convolutions().launch_failed(&key, &failure);
+                format!(
+                    "kiln: cuDNN's {} of {:?} failed after it had run before: {}",
+                    job.pass.name(),
+                    job.geometry,
+                    failure.why
+                )
+            })
+        };
+        cubecl_cuda::launch_external_async(&client, &device, self.job.pass.name(), bindings, run);
+        output
     }
-    // cuDNN reads packed NCHW: gradients can come with broadcast (zero) strides, views with
-    // others, and burn's allocator pitches rows (`into_contiguous` packs, on this stream).
-    let packed: Vec<CubeTensor<CudaRuntime>> =
-        inputs.iter().map(|t| into_contiguous(t.clone())).collect();
-    let (x, w) = (&packed[0], &packed[1]);
-    let output = empty_device_contiguous_dtype(
-        x.client.clone(),
-        x.device.clone(),
-        Shape::from(geometry.output(pass).to_vec()),
-        dtype,
-    );
-    let operands = match pass {
-        Pass::Forward => [x, w, &output],
-        Pass::BackwardData => [w, &packed[2], &output],
-        Pass::BackwardFilter => [x, &packed[2], &output],
-    };
-    let bindings = operands
-        .iter()
-        .map(|t| t.handle.clone().binding())
-        .collect();
-    let job = Job {
-        device: x.device.index,
-        pass,
-        data,
-        geometry,
-        tf32: crate::tf32(),
-    };
-    match cubecl_cuda::launch_external(&x.device, bindings, move |launch| ffi::run(launch, &job)) {
-        Ok(Ok(())) => Ok(output),
-        Ok(Err(why)) => Err(why),
-        Err(err) => Err(format!("{err:?}")),
+
+    /// Runs the convolution and waits for the CUDA thread's answer: its output, or `None` for
+    /// burn's kernel.
+    fn wait(
+        &self,
+        inputs: Vec<CubeTensor<CudaRuntime>>,
+        kept: Option<super::plan::Choice>,
+    ) -> Option<CubeTensor<CudaRuntime>> {
+        let (operands, output) = self.operands(inputs);
+        let (client, device) = (output.client.clone(), output.device.clone());
+        let bindings = operands
+            .iter()
+            .chain([&output])
+            .map(|t| t.handle.clone().binding())
+            .collect();
+        let job = self.job;
+        let run = move |launch: &mut cubecl_cuda::ExternalLaunch<'_>| ffi::wait(launch, &job, kept);
+        let outcome = cubecl_cuda::launch_external(&client, &device, job.pass.name(), bindings, run)
+            .unwrap_or_else(|e| Outcome::Failed(Failure::transient(format!("{e:?}"))));
+        if convolutions().settle(&self.key, &outcome)
+            && let Outcome::Ran { choice, .. } = outcome
+        {
+            choices::keep(self.key, choice);
+        }
+        match outcome {
+            Outcome::Ran { .. } => Some(output),
+            Outcome::Failed(failure) => {
+                let what = format!("{} of {:?} ({:?})", job.pass.name(), job.geometry, job.data);
+                report(&what, &failure);
+                None
+            }
+        }
     }
 }

@@ -40,9 +40,8 @@ impl DataType {
         }
     }
 
-    /// `CUDNN_DATA_FLOAT` (0), `CUDNN_DATA_HALF` (2), `CUDNN_DATA_BFLOAT16` (9): what
-    /// `ffi::data_type` maps to, checked against cudarc's enum in its tests.
-    #[cfg(test)]
+    /// `CUDNN_DATA_FLOAT` (0), `CUDNN_DATA_HALF` (2), `CUDNN_DATA_BFLOAT16` (9), as in cuDNN 9's
+    /// `cudnn_graph.h`.
     pub(crate) fn cudnn_code(self) -> u32 {
         match self {
             DataType::F32 => 0,
@@ -73,8 +72,7 @@ pub(crate) enum MathType {
 }
 
 impl MathType {
-    /// The C enum's value (checked against cudarc's enum in `ffi`'s tests).
-    #[cfg(test)]
+    /// The C enum's value (`cudnn_graph.h`).
     pub(crate) fn cudnn_code(self) -> u32 {
         match self {
             MathType::Default => 0,
@@ -296,6 +294,19 @@ pub(crate) fn version_name(version: usize) -> String {
     }
 }
 
+/// Whether kiln can use a cuDNN of `version` (`cudnnGetVersion()`): 9 only, the API whose calls
+/// and status codes kiln is written against (cuDNN 8 numbers its statuses 1 to 14, cuDNN 9 in
+/// thousands).
+pub(crate) fn require_9(version: usize) -> Result<(), String> {
+    match version {
+        90000..100000 => Ok(()),
+        _ => Err(format!(
+            "cuDNN {} was found where cuDNN 9 was asked for (libcudnn.so.9); kiln runs cuDNN 9 only: install it with `pip install nvidia-cudnn-cu12` (or -cu13), or put cuDNN 9's libcudnn.so.9 on LD_LIBRARY_PATH",
+            version_name(version)
+        )),
+    }
+}
+
 /// Where the scratch memory of an algorithm search stops: the largest workspace any candidate
 /// asks for, but no more than `cap` (candidates that need more are not measured).
 pub(crate) fn search_workspace(sizes: impl IntoIterator<Item = usize>, cap: usize) -> usize {
@@ -303,9 +314,9 @@ pub(crate) fn search_workspace(sizes: impl IntoIterator<Item = usize>, cap: usiz
 }
 
 /// The algorithm to run among a search's successful results `(algorithm, math type, workspace)`,
-/// fastest first (as cuDNN returns them): the fastest whose math type is allowed, else the
-/// fastest of all (run with [`MathType::for_run`]'s math type, which holds f32 without TF32 to
-/// plain products).
+/// fastest first (as cuDNN returns them): the fastest whose math type is allowed; none where no
+/// result is (an algorithm measured with one math type is not run with another: burn's kernel
+/// runs instead).
 pub(crate) fn choose<A: Copy>(
     found: &[(A, MathType, usize)],
     data: DataType,
@@ -315,7 +326,37 @@ pub(crate) fn choose<A: Copy>(
         .iter()
         .copied()
         .find(|&(_, math, _)| MathType::allowed(data, tf32, math))
-        .or_else(|| found.first().copied())
+}
+
+/// The number of algorithms of each pass in cuDNN 9 (`CUDNN_CONVOLUTION_*_ALGO_COUNT`): an
+/// algorithm is the value of its pass's enum, below this.
+pub(crate) fn algo_count(pass: Pass) -> u32 {
+    match pass {
+        Pass::Forward => 8,
+        Pass::BackwardData => 6,
+        Pass::BackwardFilter => 7,
+    }
+}
+
+/// What runs a key's convolution: the algorithm (the value of its pass's cuDNN enum), the math
+/// type to run it with and the workspace it asks for. Kept in kiln's cache as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub(crate) struct Choice {
+    pub algo: u32,
+    pub math: MathType,
+    pub workspace: usize,
+}
+
+impl Choice {
+    /// The choice read back from kiln's cache for `key`, held to what the key's settings allow
+    /// as a searched choice is ([`MathType::for_run`]: a "default" entry for f32 without TF32
+    /// runs plain f32 products); `None` where this cuDNN has no such algorithm or the math type
+    /// is not allowed (then the key is searched again).
+    pub(crate) fn kept_for(self, key: &AlgoKey) -> Option<Self> {
+        let math = MathType::for_run(key.data, key.tf32, self.math);
+        (self.algo < algo_count(key.pass) && MathType::allowed(key.data, key.tf32, math))
+            .then_some(Choice { math, ..self })
+    }
 }
 
 #[cfg(test)]
@@ -486,10 +527,8 @@ mod tests {
             Some(("tf32", Default, 0))
         );
         assert_eq!(choose(&found, DataType::F32, false), Some(("fma", Fma, 4)));
-        assert_eq!(
-            choose(&found[..2], DataType::F32, false),
-            Some(("tf32", Default, 0))
-        );
+        // Nothing measured with plain f32 products: nothing is run with another math type.
+        assert_eq!(choose(&found[..2], DataType::F32, false), None);
         assert_eq!(
             choose(&found[1..], DataType::Bf16, false),
             Some(("conv", TensorOpAllowConversion, 8))
@@ -504,8 +543,55 @@ mod tests {
         assert_eq!(version_name(91900), "9.19.0");
         assert_eq!(version_name(90102), "9.1.2");
         assert_eq!(version_name(8907), "8.9.7");
+        assert!(require_9(91900).is_ok());
+        assert!(require_9(90000).is_ok());
+        let old = require_9(8907).unwrap_err();
+        assert!(old.contains("cuDNN 8.9.7") && old.contains("cuDNN 9 only"), "{old}");
+        assert!(require_9(100100).is_err(), "cuDNN 10's API is not 9's");
         assert_eq!(search_workspace([10, 300, 20], 256), 256);
         assert_eq!(search_workspace([10, 30], 256), 30);
         assert_eq!(search_workspace([], 256), 0);
+    }
+
+    #[test]
+    fn a_kept_choice_is_held_to_the_keys_settings() {
+        let g = Geometry::new([8, 64, 32, 32], [64, 64, 3, 3], &options(1, 1, 1)).unwrap();
+        let key = |pass, data, tf32| AlgoKey {
+            device: 0,
+            pass,
+            data,
+            geometry: g,
+            tf32,
+            aligned: true,
+        };
+        let choice = |algo, math| Choice {
+            algo,
+            math,
+            workspace: 1024,
+        };
+        // A file entry saying "default" math for f32 without TF32 runs plain f32 products.
+        let f32_exact = key(Pass::Forward, DataType::F32, false);
+        assert_eq!(
+            choice(1, MathType::Default).kept_for(&f32_exact),
+            Some(choice(1, MathType::Fma))
+        );
+        let f32_tf32 = key(Pass::Forward, DataType::F32, true);
+        assert_eq!(
+            choice(1, MathType::Default).kept_for(&f32_tf32),
+            Some(choice(1, MathType::Default))
+        );
+        // f32 never runs with conversion to f16, whatever the file says.
+        assert_eq!(
+            choice(1, MathType::TensorOpAllowConversion).kept_for(&f32_tf32),
+            None
+        );
+        // An algorithm this cuDNN does not have is searched again.
+        assert_eq!(choice(8, MathType::Default).kept_for(&f32_tf32), None);
+        let filter = key(Pass::BackwardFilter, DataType::Bf16, false);
+        assert_eq!(
+            choice(6, MathType::TensorOp).kept_for(&filter),
+            Some(choice(6, MathType::TensorOp))
+        );
+        assert_eq!(choice(7, MathType::TensorOp).kept_for(&filter), None);
     }
 }

@@ -12,26 +12,20 @@
 use std::fs;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
-use super::plan::{AlgoKey, MathType};
+use super::plan::{AlgoKey, Choice};
 
 /// The format's version: a file of another is not read (and is replaced by the next save).
 const FORMAT: u32 = 1;
 
-/// What a search chose, in cuDNN's terms: the algorithm as its enum's value in the key's pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Saved {
-    pub algo: u32,
-    pub math: MathType,
-    pub workspace: usize,
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Entry {
     key: AlgoKey,
-    choice: Saved,
+    choice: Choice,
 }
 
 /// The file. `gpu` and `cudnn` repeat its name's parts for a reader.
@@ -65,7 +59,7 @@ impl Store {
 
     /// The choices kept (their keys' device is 0), none where there is no file yet; `Err` says
     /// why a file there was not read.
-    pub(crate) fn load(&self) -> Result<Vec<(AlgoKey, Saved)>, String> {
+    pub(crate) fn load(&self) -> Result<Vec<(AlgoKey, Choice)>, String> {
         let file = self.read()?;
         Ok(file
             .map(|f| f.choices.into_iter().map(|e| (e.key, e.choice)).collect())
@@ -88,7 +82,11 @@ impl Store {
     }
 
     /// Adds (or replaces) `key`'s choice, keeping every other choice in the file.
-    pub(crate) fn save(&self, key: AlgoKey, choice: Saved) -> Result<(), String> {
+    pub(crate) fn save(&self, key: AlgoKey, choice: Choice) -> Result<(), String> {
+        // One save at a time in this process: the devices of a multi-GPU run search the same
+        // shapes at once, and two read-merge-write rounds side by side would lose one's choice.
+        static SAVING: Mutex<()> = Mutex::new(());
+        let _one_at_a_time = SAVING.lock().unwrap_or_else(PoisonError::into_inner);
         // What cannot be read is replaced: it would be searched again anyway.
         let mut choices = self
             .read()
@@ -109,9 +107,12 @@ impl Store {
         if let Some(dir) = self.path.parent() {
             fs::create_dir_all(dir).map_err(failed)?;
         }
-        // One partial file per process: two processes saving at once each rename a whole file.
+        // A partial file of its own for every save (of this process, and of this thread): two
+        // savers at once each rename a whole file into place, the last one's.
+        static SAVES: AtomicU64 = AtomicU64::new(0);
         let mut partial = self.path.as_os_str().to_owned();
-        partial.push(format!(".partial-{}", std::process::id()));
+        let save = SAVES.fetch_add(1, Ordering::Relaxed);
+        partial.push(format!(".partial-{}-{save}", std::process::id()));
         fs::write(&partial, text)
             .and_then(|()| fs::rename(&partial, &self.path))
             .map_err(failed)
@@ -120,7 +121,7 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::super::plan::{DataType, Geometry, Pass};
+    use super::super::plan::{DataType, Geometry, MathType, Pass};
     use super::*;
     use burn::tensor::ops::ConvOptions;
 
@@ -137,8 +138,8 @@ mod tests {
         }
     }
 
-    fn saved(algo: u32) -> Saved {
-        Saved {
+    fn saved(algo: u32) -> Choice {
+        Choice {
             algo,
             math: MathType::Default,
             workspace: 4096 * algo as usize,
@@ -242,5 +243,30 @@ mod tests {
             !text.contains("device"),
             "the file is the GPU model's: {text}"
         );
+    }
+
+    /// The devices of a multi-GPU run save their first searches at once, from threads of one
+    /// process: every save lands and no choice is lost.
+    #[test]
+    fn saves_from_many_threads_at_once_all_land() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path(), "NVIDIA H200", "9.19.0");
+        let threads: Vec<_> = (0..8)
+            .map(|thread| {
+                let store = Store::new(dir.path(), "NVIDIA H200", "9.19.0");
+                std::thread::spawn(move || {
+                    for i in 0..12 {
+                        let channels = 8 + thread * 100 + i;
+                        store.save(key(channels, Pass::Forward), saved(1)).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().expect("every save succeeds");
+        }
+        assert_eq!(store.load().unwrap().len(), 8 * 12);
+        let names: Vec<_> = fs::read_dir(store.path.parent().unwrap()).unwrap().collect();
+        assert_eq!(names.len(), 1, "no partial file left: {names:?}");
     }
 }

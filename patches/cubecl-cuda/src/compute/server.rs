@@ -885,6 +885,17 @@ impl CudaServer {
         self.utilities.clone()
     }
 
+    /// kiln: records `error` on the stream of `stream_id`, where the next sync or read reports
+    /// it, as [`Self::launch`] records a kernel that failed to launch. See
+    /// `compute/external.rs`.
+    pub(crate) fn record_error(&mut self, stream_id: StreamId, error: ServerError) {
+        let mut stream = match self.streams.resolve(stream_id, [].into_iter(), false) {
+            Ok(stream) => stream,
+            Err(err) => unreachable!("{err:?}"),
+        };
+        stream.current().errors.push(error);
+    }
+
     /// kiln: runs `task` with the stream of `stream_id` and the device pointers of `bindings`,
     /// resolved as [`Self::launch_checked`] resolves a kernel's buffers (cross-stream waits, and
     /// memory kept alive until this stream passes the work). The command, and with it the

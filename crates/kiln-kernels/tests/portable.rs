@@ -1,0 +1,214 @@
+//! kiln's CubeCL batch norm (`src/portable/`) on burn's wgpu backend against the textbook formula
+//! on the CPU (flex): the output, the running statistics it moves, and the gradients of the
+//! input, the weight, the bias and the residual, with and without the residual and ReLU that
+//! follow it in a ResNet, for inputs packed NCHW and channels-last (a convolution's output), and
+//! a broadcast output gradient. On the first wgpu adapter (the software Vulkan device where there
+//! is no GPU); skipped with a line saying so without one, unless `KILN_REQUIRE_WGPU` is set.
+//!
+//!     cargo test --release -p kiln-kernels --features wgpu --test portable -- --nocapture
+
+#![cfg(feature = "wgpu")]
+
+use burn::backend::wgpu::WgpuDevice;
+use burn::backend::{Autodiff, Flex, Wgpu};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData, Tolerance, activation::relu};
+
+type Gpu = Autodiff<Wgpu>;
+type Cpu = Autodiff<Flex>;
+
+/// The software Vulkan device (or any adapter wgpu finds), where one works.
+fn device() -> Option<WgpuDevice> {
+    let device = WgpuDevice::Cpu;
+    let works = std::panic::catch_unwind(|| {
+        Tensor::<Wgpu, 1>::ones([2], &device).into_data();
+    });
+    match works {
+        Ok(()) => Some(device),
+        Err(_) if std::env::var_os("KILN_REQUIRE_WGPU").is_some() => {
+            panic!("KILN_REQUIRE_WGPU is set but no wgpu adapter works here")
+        }
+        Err(_) => {
+            println!("skipped: no wgpu adapter works here");
+            None
+        }
+    }
+}
+
+/// Values spread over `low..1` from a fixed hash of their index and `salt`.
+fn fixed<B: Backend, const D: usize>(
+    shape: [usize; D],
+    salt: u64,
+    low: f32,
+    device: &B::Device,
+) -> Tensor<B, D> {
+    let values: Vec<f32> = (0..shape.iter().product::<usize>() as u64)
+        .map(|i| {
+            let mut z = (i ^ (salt << 40)).wrapping_add(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            low + (1.0 - low) * (z >> 40) as f32 / (1u64 << 24) as f32
+        })
+        .collect();
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
+
+/// One case: the input's shape, whether a residual is added, ReLU, the input channels-last,
+/// and a weighted loss (else a plain sum: a broadcast output gradient).
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    shape: [usize; 4],
+    residual: bool,
+    relu: bool,
+    channels_last: bool,
+    weighted: bool,
+}
+
+const MOMENTUM: f64 = 0.1;
+const EPS: f64 = 1e-5;
+
+/// What a case computes: the output, the three running statistics, and the gradients of the
+/// input, weight, bias and (where there is one) residual.
+fn run<B: AutodiffBackend>(ours: bool, case: Case, device: &B::Device) -> Vec<(&'static str, TensorData)> {
+    let [n, c, h, w] = case.shape;
+    let x = fixed::<B, 4>(case.shape, 1, -1.0, device).require_grad();
+    let weight = fixed::<B, 1>([c], 2, 0.5, device).require_grad();
+    let bias = fixed::<B, 1>([c], 3, -1.0, device).require_grad();
+    let residual = fixed::<B, 4>(case.shape, 4, -1.0, device).require_grad();
+    let running_mean = fixed::<B, 1>([c], 5, -1.0, device);
+    let running_var = fixed::<B, 1>([c], 6, 0.5, device);
+    let tracked = Tensor::<B, 1>::from_floats([7.0], device);
+    // Work before it in the fusion stream; channels-last as a convolution's NHWC output is.
+    let mut x_in = x.clone() * 2.0 + 0.5;
+    if case.channels_last {
+        x_in = (x_in.permute([0, 2, 3, 1]) * 1.0).permute([0, 3, 1, 2]);
+    }
+    let (y, mean, var, count) = if ours {
+        let out = kiln_kernels::batch_norm_step(&kiln_kernels::BatchNormStep {
+            x: x_in,
+            weight: weight.clone(),
+            bias: bias.clone(),
+            running_mean,
+            running_var,
+            num_batches_tracked: tracked,
+            momentum: MOMENTUM,
+            eps: EPS,
+            residual: case.residual.then(|| residual.clone()),
+            relu: case.relu,
+        })
+        .expect("kiln's batch norm runs on wgpu under autodiff");
+        (out.y, out.running_mean, out.running_var, out.num_batches_tracked)
+    } else {
+        // The textbook: statistics over N, H and W; PyTorch's running update (unbiased variance).
+        let rows = x_in.swap_dims(0, 1).reshape([c, n * h * w]);
+        let (mean, var) = (rows.clone().mean_dim(1), rows.clone().var_bias(1));
+        let y = (rows - mean.clone()) / (var.clone() + EPS).sqrt() * weight.clone().reshape([c, 1])
+            + bias.clone().reshape([c, 1]);
+        let mut y = y.reshape([c, n, h, w]).swap_dims(0, 1);
+        if case.residual {
+            y = y + residual.clone();
+        }
+        if case.relu {
+            y = relu(y);
+        }
+        let m = n * h * w;
+        let unbiased = var.reshape([c]).detach() * (m as f64 / (m - 1) as f64);
+        let mean = running_mean * (1.0 - MOMENTUM) + mean.reshape([c]).detach() * MOMENTUM;
+        let var = running_var * (1.0 - MOMENTUM) + unbiased * MOMENTUM;
+        (y, mean, var, tracked + 1.0)
+    };
+    let loss = if case.weighted {
+        (y.clone() * fixed::<B, 4>(case.shape, 7, -1.0, device)).sum()
+    } else {
+        y.clone().sum()
+    };
+    let grads = loss.backward();
+    let mut out = vec![
+        ("y", y.inner().into_data()),
+        ("running mean", mean.inner().into_data()),
+        ("running var", var.inner().into_data()),
+        ("batches tracked", count.inner().into_data()),
+        ("dx", x.grad(&grads).unwrap().into_data()),
+        ("dweight", weight.grad(&grads).unwrap().into_data()),
+        ("dbias", bias.grad(&grads).unwrap().into_data()),
+    ];
+    if case.residual {
+        out.push(("dresidual", residual.grad(&grads).unwrap().into_data()));
+    }
+    out
+}
+
+#[test]
+fn kilns_batch_norm_on_wgpu_matches_the_textbook_on_the_cpu() {
+    let Some(gpu) = device() else { return };
+    let shapes = [[2, 3, 5, 7], [4, 16, 8, 8], [3, 8, 1, 1], [1, 130, 3, 3]];
+    let mut cases = Vec::new();
+    for (i, &shape) in shapes.iter().enumerate() {
+        for (residual, relu) in [(false, false), (false, true), (true, true)] {
+            cases.push(Case {
+                shape,
+                residual,
+                relu,
+                channels_last: i % 2 == 1,
+                weighted: true,
+            });
+        }
+    }
+    // A broadcast output gradient (a plain sum's), on both layouts.
+    for channels_last in [false, true] {
+        cases.push(Case {
+            shape: shapes[1],
+            residual: true,
+            relu: true,
+            channels_last,
+            weighted: false,
+        });
+    }
+    for case in cases {
+        let ours = run::<Gpu>(true, case, &gpu);
+        let theirs = run::<Cpu>(false, case, &Default::default());
+        for ((name, a), (_, b)) in ours.iter().zip(&theirs) {
+            println!("{case:?}: {name}");
+            a.assert_approx_eq::<f32>(b, Tolerance::rel_abs(1e-3, 1e-4));
+        }
+    }
+}
+
+/// The output keeps a channels-last input's layout, so that the next convolution (which reads
+/// NHWC) needs no copy; a packed NCHW input gives packed NCHW.
+#[test]
+fn the_output_keeps_the_inputs_layout() {
+    use burn::tensor::TensorPrimitive;
+    let Some(gpu) = device() else { return };
+    for channels_last in [false, true] {
+        let x = fixed::<Gpu, 4>([2, 8, 4, 4], 1, -1.0, &gpu).require_grad();
+        let x_in = if channels_last {
+            (x.clone().permute([0, 2, 3, 1]) * 1.0).permute([0, 3, 1, 2])
+        } else {
+            x.clone() * 1.0
+        };
+        let ones = Tensor::<Gpu, 1>::ones([8], &gpu);
+        let out = kiln_kernels::batch_norm_step(&kiln_kernels::BatchNormStep {
+            x: x_in,
+            weight: ones.clone(),
+            bias: ones.clone() * 0.0,
+            running_mean: ones.clone() * 0.0,
+            running_var: ones.clone(),
+            num_batches_tracked: Tensor::zeros([1], &gpu),
+            momentum: MOMENTUM,
+            eps: EPS,
+            residual: None,
+            relu: true,
+        })
+        .unwrap();
+        let fusion = out.y.inner().into_primitive();
+        let TensorPrimitive::Float(tensor) = fusion else {
+            unreachable!()
+        };
+        type Cube = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
+        let cube = tensor.client.clone().resolve_tensor_float::<Cube>(tensor);
+        let expected: [usize; 4] = if channels_last { [128, 1, 32, 8] } else { [128, 16, 4, 1] };
+        assert_eq!(cube.meta.strides().to_vec(), expected.to_vec(), "channels last: {channels_last}");
+    }
+}

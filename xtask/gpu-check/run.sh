@@ -20,12 +20,15 @@
 # --steps runs only the named steps (for a machine lent for a few minutes: the important first).
 # --quick runs, instead, what a 15-minute loan (the machine's start included) has room for, its
 # step limits adding up to 9 minutes: four lanes side by side, each with its own kernel cache
-# (cubecl compiles on one thread per process): the cuDNN test and the quickstart cold then warm;
-# the cross-backend comparisons and PyTorch's training runs; burn's own CUDA convolution against
-# the CPU, and kiln bench's kernels compiled and tuned; the same for training with burn's batch
-# norm instead of cuDNN's. Then, the GPU alone, PyTorch's and kiln's benchmarks on cuda
-# (ResNet-18 CIFAR and ResNet-50 at batch 128, train and infer, f32 and bf16), and kiln's
-# training again with burn's batch norm. It leaves five files in DIR: summary.md, bench.md,
+# (cubecl compiles on one thread per process): the cuDNN test (KILN_REQUIRE_CUDA: it fails
+# rather than skips) and the quickstart cold then warm; the cross-backend comparisons and
+# PyTorch's training runs; burn's own CUDA convolution against the CPU, kiln bench's kernels
+# compiled and tuned, and a ResNet-50 training step's kernels counted and timed one by one
+# (`kiln bench --kernels`: every kernel and every cuDNN and cuBLAS call, with its device time);
+# the same kernels for training with kiln's CubeCL batch norm instead of cuDNN's. Then, the GPU
+# alone, PyTorch's and kiln's benchmarks on cuda (ResNet-18 CIFAR and ResNet-50 at batch 128,
+# train and infer, f32 and bf16, with each training step's host time), and kiln's training
+# again with kiln's batch norm. It leaves six files in DIR: summary.md, bench.md, kernels.md,
 # kiln.json, torch.json and logs.tar.gz (every log and JSON), so that the results travel back
 # whole.
 set -uo pipefail
@@ -188,9 +191,11 @@ quick() {
     local qs=(--config "$HERE/configs/quickstart.toml" --backend "$GPU")
     local bench=(--models resnet18-cifar,resnet50 --batches 128 --modes train,infer)
     local bench_kiln=("${bench[@]}" --precision f32,bf16)
-    # Training with burn's batch norm in place of cuDNN's (KILN_KERNELS=burn-batch-norm): which
-    # of the two is faster is measured, not assumed.
+    # Training with kiln's CubeCL batch norm in place of cuDNN's
+    # (KILN_KERNELS=portable-batch-norm): which of the two is faster is measured, not assumed.
     local bench_bn=(--models resnet18-cifar,resnet50 --batches 128 --modes train --precision f32)
+    # One ResNet-50 training step's kernels, counted and timed one by one.
+    local kernels=(--models resnet50 --batches 32 --modes train --kernels --warmup 1 --min-steps 1 --min-seconds 0)
     local trajectory=(--width 4 --image-size 16 --batch 2 --steps 1 --trajectories "$HERE/trajectory")
     local fast=(--warmup 3 --min-steps 5 --min-seconds 2)
     local CUDNN_TEST="$OUT/work/cudnn-test"
@@ -201,18 +206,21 @@ quick() {
         bench=(--models resnet18-cifar --batches 8 --modes train,infer)
         bench_kiln=("${bench[@]}" --precision f32)
         bench_bn=(--models resnet18-cifar --batches 8 --modes train --precision f32)
+        kernels=(--models resnet18-cifar --batches 2 --modes train --kernels --warmup 1 --min-steps 1 --min-seconds 0)
         fast=(--warmup 1 --min-steps 1 --min-seconds 0)
     fi
     (
         export KILN_CACHE_DIR="$OUT/cache-quickstart"
         step devices 20 bash -c "'$KILN' devices --backend $GPU; command -v nvidia-smi >/dev/null && nvidia-smi -L || true"
         # Each cuDNN pass against burn's convolution on the CPU, batch norm against the textbook,
-        # cuBLAS's products against burn's (prints "skipped" without a CUDA device);
-        # RUST_LOG=warn shows a fallback to burn's kernel ("cuDNN did not run", "cuBLAS did not").
-        [ -x "$CUDNN_TEST" ] && RUST_LOG=warn step cudnn 60 "$CUDNN_TEST" --nocapture cudnn_matches cublas_matches
+        # cuBLAS's products against burn's; KILN_REQUIRE_CUDA makes a missing GPU, cuDNN or cuBLAS
+        # a failure, not a skip. RUST_LOG=warn shows a fallback to burn's kernel ("cuDNN did not
+        # run"). The test makes about 130 algorithm searches (11 shapes, 3 passes, f32 with and
+        # without TF32, bf16, f16) and prints how many and how long they took.
+        [ -x "$CUDNN_TEST" ] && RUST_LOG=warn KILN_REQUIRE_CUDA=$((1 - DRY)) step cudnn 100 "$CUDNN_TEST" --nocapture cudnn_matches cublas_matches
         # cuDNN's algorithm choices kept in kiln's cache and read back by the next process.
-        [ -x "$CUDNN_TEST" ] && RUST_LOG=warn step cudnn-kept 30 "$CUDNN_TEST" --nocapture choices_are_kept
-        step quickstart-cold 150 "$KILN" train "${qs[@]}" --set "logging.runs_dir=\"$OUT/work/runs-cold\""
+        [ -x "$CUDNN_TEST" ] && RUST_LOG=warn KILN_REQUIRE_CUDA=$((1 - DRY)) step cudnn-kept 30 "$CUDNN_TEST" --nocapture choices_are_kept
+        step quickstart-cold 130 "$KILN" train "${qs[@]}" --set "logging.runs_dir=\"$OUT/work/runs-cold\""
         step quickstart-warm 40 "$KILN" train "${qs[@]}" --set "logging.runs_dir=\"$OUT/work/runs-warm\""
     ) &
     (
@@ -227,38 +235,46 @@ quick() {
         # its gradients were seen 0.34 off on an H200; this names the shape and pass. And its
         # implicit-GEMM weight gradient launched directly (patches/cubek-convolution).
         [ -x "$CUDNN_TEST" ] && step burn-conv 90 "$CUDNN_TEST" --nocapture burns_cuda burns_implicit_gemm
-        step bench-compile 180 "$KILN" bench --backends "$GPU" "${bench_kiln[@]}" \
+        step bench-compile 150 "$KILN" bench --backends "$GPU" "${bench_kiln[@]}" \
             --warmup 1 --min-steps 1 --min-seconds 0
+        step kernels 60 "$KILN" bench --backends "$GPU" "${kernels[@]}" --markdown "$OUT/kernels.md" \
+            --json "$OUT/kernels.json"
     ) &
     (
-        export KILN_CACHE_DIR="$OUT/cache-bench-burn-bn"
-        KILN_KERNELS=burn-batch-norm step bench-compile-burn-bn 180 "$KILN" bench --backends "$GPU" \
+        export KILN_CACHE_DIR="$OUT/cache-bench-portable-bn"
+        KILN_KERNELS=portable-batch-norm step bench-compile-portable-bn 180 "$KILN" bench --backends "$GPU" \
             "${bench_bn[@]}" --warmup 1 --min-steps 1 --min-seconds 0
     ) &
     wait
     for round in cold warm; do
         echo "| quickstart $round | $(grep -ho 'the first step took [0-9.]* s' "$OUT/quickstart-$round.log" | head -n1); $(grep -h '^epoch ' "$OUT/quickstart-$round.log" | tail -n1 | cut -c1-140) | 0 | quickstart-$round.log |" >> "$OUT/summary.md"
     done
+    # How many algorithm searches the cuDNN test made, and in how long (its limit's basis).
+    echo "| cudnn searches | $(grep -ho '[0-9]* cuDNN algorithm searches in [0-9.]* s' "$OUT/cudnn.log" | head -n1) | 0 | cudnn.log |" >> "$OUT/summary.md"
+    # A ResNet-50 step's kernels: the launches per step and the five kinds with most device time.
+    if [ -f "$OUT/kernels.md" ]; then
+        echo "| kernels per step | $(grep -ho 'Kernels per training step.*' "$OUT/kernels.md" | head -n1 | cut -c1-120); by device time: $(awk -F'|' '/^\| [^-k]/ && NF == 5 { printf "%s\t%s\n", $4, $2 }' "$OUT/kernels.md" | sort -rn | head -n5 | awk -F'\t' '{ printf "%s%s %.2f ms", (NR > 1 ? ", " : ""), $2, $1 }') | 0 | kernels.md |" >> "$OUT/summary.md"
+    fi
     # The GPU alone from here: timings.
     local reference=()
     if "$PYTHON" -c 'import torch, torchvision' 2>/dev/null; then
-        step bench-pytorch 80 "$PYTHON" "$HERE/bench_torch.py" --device "$TORCH_DEVICE" "${bench[@]}" "${fast[@]}" \
+        step bench-pytorch 70 "$PYTHON" "$HERE/bench_torch.py" --device "$TORCH_DEVICE" "${bench[@]}" "${fast[@]}" \
             --json "$OUT/torch.json" && reference=(--reference "$OUT/torch.json")
     else
         note bench-pytorch "skipped: $PYTHON cannot import torch and torchvision"
     fi
     (
         export KILN_CACHE_DIR="$OUT/cache-bench"
-        step bench-kiln 120 "$KILN" bench --backends "$GPU" "${bench_kiln[@]}" "${fast[@]}" \
+        step bench-kiln 100 "$KILN" bench --backends "$GPU" "${bench_kiln[@]}" "${fast[@]}" \
             "${reference[@]}" --json "$OUT/kiln.json" --markdown "$OUT/bench.md"
     )
     (
-        export KILN_CACHE_DIR="$OUT/cache-bench-burn-bn"
-        KILN_KERNELS=burn-batch-norm step bench-burn-bn 60 "$KILN" bench --backends "$GPU" \
-            "${bench_bn[@]}" "${fast[@]}" "${reference[@]}" --json "$OUT/kiln-burn-bn.json"
+        export KILN_CACHE_DIR="$OUT/cache-bench-portable-bn"
+        KILN_KERNELS=portable-batch-norm step bench-portable-bn 60 "$KILN" bench --backends "$GPU" \
+            "${bench_bn[@]}" "${fast[@]}" "${reference[@]}" --json "$OUT/kiln-portable-bn.json"
     )
     # What travels back: the tables and one archive of every log and comparison.
-    (cd "$OUT" && tar czf logs.tar.gz -- *.log *.json 2>/dev/null && rm -f -- *.log compare-*.json trajectories.json kiln-burn-bn.json)
+    (cd "$OUT" && tar czf logs.tar.gz -- *.log *.json 2>/dev/null && rm -f -- *.log compare-*.json trajectories.json kiln-portable-bn.json kernels.json)
     rm -rf "$OUT/work" "$OUT"/cache-*
 }
 if [ "$QUICK" = 1 ]; then

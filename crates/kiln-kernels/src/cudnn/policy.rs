@@ -395,7 +395,13 @@ mod tests {
             }
         );
         // Launched while it lasts, then searched again; with its scratch this time, it is kept.
-        let (routes, _) = calls(Some(state), 9, || unreachable!());
+        let mut now = Some(state);
+        let mut routes = Vec::new();
+        for _ in 0..9 {
+            let (taken, next) = route(now);
+            routes.push(taken);
+            now = next;
+        }
         assert!(routes[..8].iter().all(|r| *r == Route::Launch(4)));
         assert_eq!(routes[8], Route::Wait { kept: None });
         let (state, keep) = settle(Some(State::Provisional { choice: 4, calls: 0, failures: 0 }), &ran(1, true, true));

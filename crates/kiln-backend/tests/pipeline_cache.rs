@@ -25,7 +25,12 @@ impl BackendTask for Kernels {
 
     fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> f32 {
         let x = Tensor::<B, 1>::from_floats([1.0, 2.0, 3.5], &devices[0]);
-        (x.clone() * 2.0 + 1.0).exp().log().sum().into_scalar().elem()
+        (x.clone() * 2.0 + 1.0)
+            .exp()
+            .log()
+            .sum()
+            .into_scalar()
+            .elem()
     }
 }
 
@@ -48,7 +53,11 @@ fn child(cache: PathBuf) {
 /// Runs the child with `cache`; its standard error.
 fn run_child(cache: &Path) -> String {
     let output = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "pipelines_are_kept_in_the_kernel_cache", "--nocapture"])
+        .args([
+            "--exact",
+            "pipelines_are_kept_in_the_kernel_cache",
+            "--nocapture",
+        ])
         .env(CHILD, cache)
         .output()
         .unwrap();
@@ -80,9 +89,16 @@ fn pipelines_are_kept_in_the_kernel_cache() {
     let cache = tempfile::tempdir().unwrap();
     run_child(cache.path());
     let files = pipeline_files(cache.path());
-    assert_eq!(files.len(), 1, "one file for the adapter and driver: {files:?}");
+    assert_eq!(
+        files.len(),
+        1,
+        "one file for the adapter and driver: {files:?}"
+    );
     let name = files[0].file_name().unwrap().to_string_lossy().into_owned();
-    assert!(name.starts_with("wgpu_pipeline_cache_vulkan_") && name.ends_with(".bin"), "{name}");
+    assert!(
+        name.starts_with("wgpu_pipeline_cache_vulkan_") && name.ends_with(".bin"),
+        "{name}"
+    );
     assert!(!std::fs::read(&files[0]).unwrap().is_empty());
 
     // Another driver's file, or a damaged one: one warning, and replaced by this driver's.
@@ -92,7 +108,11 @@ fn pipelines_are_kept_in_the_kernel_cache() {
     let warnings = stderr.matches("is not this driver's or is damaged").count();
     assert_eq!(warnings, 1, "{stderr}");
     assert_ne!(std::fs::read(&files[0]).unwrap(), foreign, "replaced");
-    assert_eq!(pipeline_files(cache.path()).len(), 1, "no partial file left");
+    assert_eq!(
+        pipeline_files(cache.path()).len(),
+        1,
+        "no partial file left"
+    );
     // The replacement is this driver's: the next process takes it without a word.
     let stderr = run_child(cache.path());
     assert!(!stderr.contains("pipeline cache"), "{stderr}");

@@ -204,7 +204,8 @@ pub fn measure<B: AutodiffBackend>(
         .with_precision(workload.precision);
     let batch = random_batch::<B>(workload, batch_size, device);
     let train = mode == Mode::Train;
-    let passes = (extras.passes && train).then(|| time_passes(model.clone(), &batch, budget, device));
+    let passes =
+        (extras.passes && train).then(|| time_passes(model.clone(), &batch, budget, device));
     let (step_ms, host, kernels) = match mode {
         Mode::Train => {
             let log = extras.kernels.as_ref();
@@ -279,8 +280,8 @@ fn time_training<B: AutodiffBackend>(
     };
     let cpu_before = process_cpu_seconds();
     let step_ms = timed_steps(budget, memory, || step(&mut enqueue_ms));
-    let cpu_ms = (process_cpu_seconds() - cpu_before) * 1000.0
-        / (budget.warmup + step_ms.len()) as f64;
+    let cpu_ms =
+        (process_cpu_seconds() - cpu_before) * 1000.0 / (budget.warmup + step_ms.len()) as f64;
     let host = HostTime {
         enqueue_ms: median(&enqueue_ms[budget.warmup.min(enqueue_ms.len())..]),
         cpu_ms,

@@ -173,7 +173,10 @@ name: burn_cubecl_fusion::optim::elemwise::optimization::elemwise_fuse::Elemwise
         assert!((mul.device_ms - 1.75).abs() < 1e-9, "{mul:?}");
         assert_eq!(find("MatmulEntry").per_step, 0.5);
         assert_eq!(find("kiln_cudnn_conv2d").per_step, 0.5);
-        assert_eq!(counts.kinds[0].kind, "KernelBinop | MulOp", "most launches first");
+        assert_eq!(
+            counts.kinds[0].kind, "KernelBinop | MulOp",
+            "most launches first"
+        );
     }
 
     #[test]

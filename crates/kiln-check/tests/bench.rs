@@ -51,7 +51,10 @@ fn a_training_row_on_flex_has_throughput_time_and_memory() {
         // A training step's host time: the training thread's part of one step, and CPU time.
         match (mode, row.host) {
             (Mode::Train, Some(host)) => {
-                assert!(host.enqueue_ms > 0.0 && host.enqueue_ms <= row.step_ms * 1.5, "{host:?}");
+                assert!(
+                    host.enqueue_ms > 0.0 && host.enqueue_ms <= row.step_ms * 1.5,
+                    "{host:?}"
+                );
                 assert!(host.cpu_ms > 0.0, "{host:?}");
             }
             (Mode::Infer, None) => {}

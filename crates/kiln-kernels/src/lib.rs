@@ -36,12 +36,12 @@ mod cublas {
 }
 #[cfg(feature = "flex")]
 mod epilogue;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-mod portable;
 #[cfg(feature = "flex")]
 mod flex;
 #[cfg(feature = "flex")]
 mod gemm_conv;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod portable;
 #[cfg(feature = "flex")]
 mod shifted_conv;
 #[cfg(feature = "flex")]
@@ -210,6 +210,35 @@ pub fn batch_norm_step<B: Backend>(step: &BatchNormStep<B>) -> Option<BatchNormS
         return Some(out);
     }
     let _ = step;
+    None
+}
+
+/// Batch norm in inference (the running statistics), with the residual and ReLU that follow it
+/// in a ResNet: `relu((x - running_mean) / sqrt(running_var + eps) * weight + bias +
+/// residual)`.
+pub struct BatchNormEval<B: Backend> {
+    pub x: Tensor<B, 4>,
+    pub weight: Tensor<B, 1>,
+    pub bias: Tensor<B, 1>,
+    pub running_mean: Tensor<B, 1>,
+    pub running_var: Tensor<B, 1>,
+    pub eps: f64,
+    pub residual: Option<Tensor<B, 4>>,
+    pub relu: bool,
+}
+
+/// [`BatchNormEval`] as one kernel where kiln has one: its CubeCL kernel on wgpu and CUDA without
+/// autodiff (validation, `kiln predict`), f32, reading any layout and keeping the input's.
+/// `None` elsewhere, for the caller to compose.
+pub fn batch_norm_eval<B: Backend>(eval: &BatchNormEval<B>) -> Option<Tensor<B, 4>> {
+    if !batch_norm_enabled() {
+        return None;
+    }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(y) = portable::batch_norm_eval(eval) {
+        return Some(y);
+    }
+    let _ = eval;
     None
 }
 

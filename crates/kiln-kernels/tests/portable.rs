@@ -70,7 +70,11 @@ const EPS: f64 = 1e-5;
 
 /// What a case computes: the output, the three running statistics, and the gradients of the
 /// input, weight, bias and (where there is one) residual.
-fn run<B: AutodiffBackend>(ours: bool, case: Case, device: &B::Device) -> Vec<(&'static str, TensorData)> {
+fn run<B: AutodiffBackend>(
+    ours: bool,
+    case: Case,
+    device: &B::Device,
+) -> Vec<(&'static str, TensorData)> {
     let [n, c, h, w] = case.shape;
     let x = fixed::<B, 4>(case.shape, 1, -1.0, device).require_grad();
     let weight = fixed::<B, 1>([c], 2, 0.5, device).require_grad();
@@ -98,7 +102,12 @@ fn run<B: AutodiffBackend>(ours: bool, case: Case, device: &B::Device) -> Vec<(&
             relu: case.relu,
         })
         .expect("kiln's batch norm runs on wgpu under autodiff");
-        (out.y, out.running_mean, out.running_var, out.num_batches_tracked)
+        (
+            out.y,
+            out.running_mean,
+            out.running_var,
+            out.num_batches_tracked,
+        )
     } else {
         // The textbook: statistics over N, H and W; PyTorch's running update (unbiased variance).
         let rows = x_in.swap_dims(0, 1).reshape([c, n * h * w]);
@@ -175,6 +184,72 @@ fn kilns_batch_norm_on_wgpu_matches_the_textbook_on_the_cpu() {
     }
 }
 
+/// Inference (the running statistics) on plain `Wgpu` against the formula on the CPU, on both
+/// layouts, with and without the residual and ReLU.
+#[test]
+fn kilns_eval_batch_norm_on_wgpu_matches_the_formula_on_the_cpu() {
+    let Some(gpu) = device() else { return };
+    fn eval<B: Backend>(
+        ours: bool,
+        shape: [usize; 4],
+        residual: bool,
+        relu_after: bool,
+        channels_last: bool,
+        device: &B::Device,
+    ) -> TensorData {
+        let c = shape[1];
+        let mut x = fixed::<B, 4>(shape, 1, -1.0, device) * 2.0 + 0.5;
+        if channels_last {
+            x = (x.permute([0, 2, 3, 1]) * 1.0).permute([0, 3, 1, 2]);
+        }
+        let weight = fixed::<B, 1>([c], 2, 0.5, device);
+        let bias = fixed::<B, 1>([c], 3, -1.0, device);
+        let mean = fixed::<B, 1>([c], 5, -1.0, device);
+        let var = fixed::<B, 1>([c], 6, 0.5, device);
+        let res = fixed::<B, 4>(shape, 4, -1.0, device);
+        let y = if ours {
+            kiln_kernels::batch_norm_eval(&kiln_kernels::BatchNormEval {
+                x,
+                weight,
+                bias,
+                running_mean: mean,
+                running_var: var,
+                eps: EPS,
+                residual: residual.then_some(res),
+                relu: relu_after,
+            })
+            .expect("kiln's eval batch norm runs on wgpu")
+        } else {
+            let per = |t: Tensor<B, 1>| t.reshape([1, c, 1, 1]);
+            let mut y = (x - per(mean)) / (per(var) + EPS).sqrt() * per(weight) + per(bias);
+            if residual {
+                y = y + res;
+            }
+            if relu_after { relu(y) } else { y }
+        };
+        y.into_data()
+    }
+    for (i, shape) in [[2, 3, 5, 7], [4, 16, 8, 8], [1, 130, 3, 3]]
+        .into_iter()
+        .enumerate()
+    {
+        for (residual, relu_after) in [(false, false), (false, true), (true, true)] {
+            let channels_last = i % 2 == 1;
+            let ours = eval::<Wgpu>(true, shape, residual, relu_after, channels_last, &gpu);
+            let theirs = eval::<Flex>(
+                false,
+                shape,
+                residual,
+                relu_after,
+                channels_last,
+                &Default::default(),
+            );
+            println!("eval {shape:?} residual {residual} relu {relu_after}");
+            ours.assert_approx_eq::<f32>(&theirs, Tolerance::rel_abs(1e-4, 1e-5));
+        }
+    }
+}
+
 /// The output keeps a channels-last input's layout, so that the next convolution (which reads
 /// NHWC) needs no copy; a packed NCHW input gives packed NCHW.
 #[test]
@@ -208,7 +283,15 @@ fn the_output_keeps_the_inputs_layout() {
         };
         type Cube = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
         let cube = tensor.client.clone().resolve_tensor_float::<Cube>(tensor);
-        let expected: [usize; 4] = if channels_last { [128, 1, 32, 8] } else { [128, 16, 4, 1] };
-        assert_eq!(cube.meta.strides().to_vec(), expected.to_vec(), "channels last: {channels_last}");
+        let expected: [usize; 4] = if channels_last {
+            [128, 1, 32, 8]
+        } else {
+            [128, 16, 4, 1]
+        };
+        assert_eq!(
+            cube.meta.strides().to_vec(),
+            expected.to_vec(),
+            "channels last: {channels_last}"
+        );
     }
 }

@@ -72,9 +72,10 @@ impl<B: Backend> BatchNorm2d<B> {
     }
 
     /// `relu(self.forward(x) + residual)` (the residual and ReLU where given) as one operation
-    /// each way where kiln-kernels has one for training on this backend (its CubeCL kernels on
-    /// the GPU backends, f32), moving the running statistics as [`Self::forward`] does; `None`
-    /// where it has none, or in inference, or frozen, or synchronized, for the caller to compose.
+    /// each way where kiln-kernels has one on this backend (its CubeCL kernels on the GPU
+    /// backends, f32): in training, moving the running statistics as [`Self::forward`] does; in
+    /// inference, with them. `None` where it has none, or frozen in training, or synchronized,
+    /// for the caller to compose.
     pub fn forward_fused(
         &self,
         x: &Tensor<B, 4>,
@@ -82,7 +83,19 @@ impl<B: Backend> BatchNorm2d<B> {
         relu: bool,
     ) -> Option<Tensor<B, 4>> {
         let device = x.device();
-        if self.frozen || !B::ad_enabled(&device) || synced::<B>().is_some() {
+        if !B::ad_enabled(&device) {
+            return kiln_kernels::batch_norm_eval(&kiln_kernels::BatchNormEval {
+                x: x.clone(),
+                weight: self.weight.val(),
+                bias: self.bias.val(),
+                running_mean: self.running_mean.value().to_device(&device),
+                running_var: self.running_var.value().to_device(&device),
+                eps: self.eps,
+                residual: residual.cloned(),
+                relu,
+            });
+        }
+        if self.frozen || synced::<B>().is_some() {
             return None;
         }
         let running = |state: &RunningState<Tensor<B, 1>>| state.value_sync().to_device(&device);

@@ -160,8 +160,8 @@ struct CublasMatmul {
 impl Operation<Runtime> for CublasMatmul {
     fn execute(&self, handles: &mut Handles) {
         let inputs = inputs(&self.desc, handles);
-        let output = with_cublas(self.product, &inputs)
-            .unwrap_or_else(|| with_burn(self.product, inputs));
+        let output =
+            with_cublas(self.product, &inputs).unwrap_or_else(|| with_burn(self.product, inputs));
         handles.register_float_tensor::<Cube>(&self.desc.outputs[0].id, output);
     }
 }
@@ -227,14 +227,21 @@ fn with_cublas(
         let failed = move |launch: &mut ExternalLaunch<'_>| {
             run(launch).map_err(|failure| {
                 keys().launch_failed(&key, &failure);
-                format!("kiln: cuBLAS's product {product:?} failed after it had run before: {}", failure.why)
+                format!(
+                    "kiln: cuBLAS's product {product:?} failed after it had run before: {}",
+                    failure.why
+                )
             })
         };
         cubecl_cuda::launch_external_async(&client, &device, name, bindings, failed);
         return Some(output);
     }
     let outcome = match cubecl_cuda::launch_external(&client, &device, name, bindings, run) {
-        Ok(Ok(())) => Outcome::Ran { choice: (), searched: false, full_scratch: true },
+        Ok(Ok(())) => Outcome::Ran {
+            choice: (),
+            searched: false,
+            full_scratch: true,
+        },
         Ok(Err(failure)) => Outcome::Failed(failure),
         Err(err) => Outcome::Failed(Failure::transient(format!("{err:?}"))),
     };

@@ -37,7 +37,8 @@ pub(crate) fn keep(key: AlgoKey, choice: Choice) {
 /// The device's file, its choices read on the first call for the device; `None` where the GPU's
 /// name or cuDNN's version cannot be read (choices then last the process).
 fn file(device: usize) -> Option<Arc<Store>> {
-    static FILES: LazyLock<Mutex<HashMap<usize, Option<Arc<Store>>>>> = LazyLock::new(Default::default);
+    static FILES: LazyLock<Mutex<HashMap<usize, Option<Arc<Store>>>>> =
+        LazyLock::new(Default::default);
     let mut files = FILES.lock().unwrap_or_else(PoisonError::into_inner);
     files
         .entry(device)

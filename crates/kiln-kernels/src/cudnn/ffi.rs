@@ -254,7 +254,11 @@ fn operands(launch: &ExternalLaunch<'_>) -> [u64; 3] {
 }
 
 /// Enqueues `choice` for `job`, its workspace the fourth binding (a launch without waiting).
-pub(crate) fn launch(launch: &mut ExternalLaunch<'_>, job: &Job, choice: Choice) -> Result<(), Failure> {
+pub(crate) fn launch(
+    launch: &mut ExternalLaunch<'_>,
+    job: &Job,
+    choice: Choice,
+) -> Result<(), Failure> {
     let lib = lib()?;
     let handle = handle_on(lib, launch)?;
     let desc = Descriptors::of(lib, job)?;
@@ -262,15 +266,32 @@ pub(crate) fn launch(launch: &mut ExternalLaunch<'_>, job: &Job, choice: Choice)
     let workspace = match choice.workspace {
         0 => 0,
         _ if launch.bindings() > 3 => launch.ptr(3),
-        bytes => return Err(Failure::transient(format!("no workspace of {bytes} bytes bound"))),
+        bytes => {
+            return Err(Failure::transient(format!(
+                "no workspace of {bytes} bytes bound"
+            )));
+        }
     };
     let algo = choice.algo as c_int;
-    launch_algo(lib, handle, &desc, job.pass, algo, operands(launch), workspace, choice.workspace)
+    launch_algo(
+        lib,
+        handle,
+        &desc,
+        job.pass,
+        algo,
+        operands(launch),
+        workspace,
+        choice.workspace,
+    )
 }
 
 /// Runs `job` and waits for the answer: the kept choice if there is one and it runs, else the
 /// algorithm a search measures fastest (the first call of a key in the process).
-pub(crate) fn wait(launch: &mut ExternalLaunch<'_>, job: &Job, kept: Option<Choice>) -> Outcome<Choice> {
+pub(crate) fn wait(
+    launch: &mut ExternalLaunch<'_>,
+    job: &Job,
+    kept: Option<Choice>,
+) -> Outcome<Choice> {
     let run = |launch: &mut ExternalLaunch<'_>| -> Result<Outcome<Choice>, Failure> {
         let lib = lib()?;
         let handle = handle_on(lib, launch)?;
@@ -281,11 +302,19 @@ pub(crate) fn wait(launch: &mut ExternalLaunch<'_>, job: &Job, kept: Option<Choi
             && execute(lib, launch, handle, &desc, job, choice).is_ok()
         {
             let (searched, full_scratch) = (false, true);
-            return Ok(Outcome::Ran { choice, searched, full_scratch });
+            return Ok(Outcome::Ran {
+                choice,
+                searched,
+                full_scratch,
+            });
         }
         let (choice, full_scratch) = search(lib, launch, handle, &desc, job)?;
         execute(lib, launch, handle, &desc, job, choice)?;
-        Ok(Outcome::Ran { choice, searched: true, full_scratch })
+        Ok(Outcome::Ran {
+            choice,
+            searched: true,
+            full_scratch,
+        })
     };
     run(launch).unwrap_or_else(Outcome::Failed)
 }
@@ -308,7 +337,16 @@ fn execute(
     };
     let ptrs = operands(launch);
     let algo = choice.algo as c_int;
-    let done = launch_algo(lib, handle, desc, job.pass, algo, ptrs, workspace, choice.workspace);
+    let done = launch_algo(
+        lib,
+        handle,
+        desc,
+        job.pass,
+        algo,
+        ptrs,
+        workspace,
+        choice.workspace,
+    );
     launch.release_scratch();
     done
 }
@@ -340,10 +378,20 @@ fn search(
     // while it measures. Once per key.
     // SAFETY: the stream is cubecl's, alive as long as its server.
     unsafe { cudarc::driver::result::stream::synchronize(launch.stream()) }.map_err(|e| {
-        Failure::transient(format!("stream synchronize before the algorithm search: {e:?}"))
+        Failure::transient(format!(
+            "stream synchronize before the algorithm search: {e:?}"
+        ))
     })?;
     SEARCHES.fetch_add(1, Ordering::Relaxed);
-    let found = find(lib, handle, desc, job.pass, operands(launch), scratch, scratch_size);
+    let found = find(
+        lib,
+        handle,
+        desc,
+        job.pass,
+        operands(launch),
+        scratch,
+        scratch_size,
+    );
     // The scratch goes back to the pool before the chosen algorithm takes its workspace, so
     // that the two are never held at once.
     launch.release_scratch();
@@ -355,7 +403,14 @@ fn search(
         ))
     })?;
     let math = MathType::for_run(job.data, job.tf32, math);
-    Ok((Choice { algo, math, workspace }, full_scratch))
+    Ok((
+        Choice {
+            algo,
+            math,
+            workspace,
+        },
+        full_scratch,
+    ))
 }
 
 /// The workspace each algorithm of the pass asks for, those cuDNN supports for the job only.

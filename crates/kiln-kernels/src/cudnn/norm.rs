@@ -267,7 +267,10 @@ fn with_cudnn(
 ) -> Option<Vec<CubeTensor<CudaRuntime>>> {
     let shape = inputs[0].meta.shape();
     if inputs.iter().any(|t| t.dtype != DType::F32) || shape.num_dims() != 4 {
-        report(pass.name(), &Failure::unsupported("a tensor is not f32 or x is not 4-D"));
+        report(
+            pass.name(),
+            &Failure::unsupported("a tensor is not f32 or x is not 4-D"),
+        );
         return None;
     }
     let dims: [usize; 4] = shape.dims();
@@ -283,7 +286,12 @@ fn with_cudnn(
     let x = &packed[0];
     let c = dims[1];
     let empty = |dims: Vec<usize>| {
-        empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), Shape::from(dims), DType::F32)
+        empty_device_contiguous_dtype(
+            x.client.clone(),
+            x.device.clone(),
+            Shape::from(dims),
+            DType::F32,
+        )
     };
     let shapes = match pass {
         Pass::Forward => vec![dims.to_vec(), vec![c], vec![c], vec![c], vec![c]],
@@ -304,14 +312,21 @@ fn with_cudnn(
         let failed = move |launch: &mut ExternalLaunch<'_>| {
             run(launch).map_err(|failure| {
                 keys().launch_failed(&key, &failure);
-                format!("kiln: cuDNN's batch norm of {dims:?} failed after it had run before: {}", failure.why)
+                format!(
+                    "kiln: cuDNN's batch norm of {dims:?} failed after it had run before: {}",
+                    failure.why
+                )
             })
         };
         cubecl_cuda::launch_external_async(&client, &device, pass.name(), bindings, failed);
         return Some(outputs);
     }
     let outcome = match cubecl_cuda::launch_external(&client, &device, pass.name(), bindings, run) {
-        Ok(Ok(())) => Outcome::Ran { choice: (), searched: false, full_scratch: true },
+        Ok(Ok(())) => Outcome::Ran {
+            choice: (),
+            searched: false,
+            full_scratch: true,
+        },
         Ok(Err(failure)) => Outcome::Failed(failure),
         Err(err) => Outcome::Failed(Failure::transient(format!("{err:?}"))),
     };
@@ -346,7 +361,11 @@ fn descriptors(dims: [usize; 4]) -> Result<std::rc::Rc<(Descriptor, Descriptor)>
 }
 
 /// Bindings `[x, weight, bias, y, mean, inv_std, batch mean, unbiased variance]`.
-fn forward_training(launch: &ExternalLaunch<'_>, dims: [usize; 4], eps: f64) -> Result<(), Failure> {
+fn forward_training(
+    launch: &ExternalLaunch<'_>,
+    dims: [usize; 4],
+    eps: f64,
+) -> Result<(), Failure> {
     let lib = lib()?;
     let handle = handle_on(lib, launch)?;
     let desc = descriptors(dims)?;

@@ -242,7 +242,8 @@ impl Call {
     ) -> (Vec<CubeTensor<CudaRuntime>>, CubeTensor<CudaRuntime>) {
         // cuDNN reads packed NCHW: gradients can come with broadcast (zero) strides, views with
         // others, and burn's allocator pitches rows (`into_contiguous` packs, on this stream).
-        let packed: Vec<CubeTensor<CudaRuntime>> = inputs.into_iter().map(into_contiguous).collect();
+        let packed: Vec<CubeTensor<CudaRuntime>> =
+            inputs.into_iter().map(into_contiguous).collect();
         let x = &packed[0];
         let output = empty_device_contiguous_dtype(
             x.client.clone(),
@@ -302,8 +303,9 @@ impl Call {
             .collect();
         let job = self.job;
         let run = move |launch: &mut cubecl_cuda::ExternalLaunch<'_>| ffi::wait(launch, &job, kept);
-        let outcome = cubecl_cuda::launch_external(&client, &device, job.pass.name(), bindings, run)
-            .unwrap_or_else(|e| Outcome::Failed(Failure::transient(format!("{e:?}"))));
+        let outcome =
+            cubecl_cuda::launch_external(&client, &device, job.pass.name(), bindings, run)
+                .unwrap_or_else(|e| Outcome::Failed(Failure::transient(format!("{e:?}"))));
         if convolutions().settle(&self.key, &outcome)
             && let Outcome::Ran { choice, .. } = outcome
         {

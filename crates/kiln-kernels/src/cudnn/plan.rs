@@ -546,7 +546,10 @@ mod tests {
         assert!(require_9(91900).is_ok());
         assert!(require_9(90000).is_ok());
         let old = require_9(8907).unwrap_err();
-        assert!(old.contains("cuDNN 8.9.7") && old.contains("cuDNN 9 only"), "{old}");
+        assert!(
+            old.contains("cuDNN 8.9.7") && old.contains("cuDNN 9 only"),
+            "{old}"
+        );
         assert!(require_9(100100).is_err(), "cuDNN 10's API is not 9's");
         assert_eq!(search_workspace([10, 300, 20], 256), 256);
         assert_eq!(search_workspace([10, 30], 256), 30);

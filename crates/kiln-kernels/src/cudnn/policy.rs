@@ -84,7 +84,11 @@ pub(crate) enum State<C> {
     Kept(C),
     /// Chosen by a search that ran without its scratch memory (perhaps a slower choice):
     /// launched without waiting, never kept on disk, searched again after `calls` more calls.
-    Provisional { choice: C, calls: u32, failures: u32 },
+    Provisional {
+        choice: C,
+        calls: u32,
+        failures: u32,
+    },
     /// The library has nothing for this key: burn's kernel, always.
     Unsupported,
     /// The last try failed for a reason that may pass: burn's kernel for `calls` more calls,
@@ -260,7 +264,8 @@ impl<K: Eq + Hash + Clone, C: Copy> Keys<K, C> {
 
     /// Records that a call of `key` launched without waiting failed.
     pub(crate) fn launch_failed(&self, key: &K, failure: &Failure) {
-        self.states().insert(key.clone(), after_launch_failure(failure));
+        self.states()
+            .insert(key.clone(), after_launch_failure(failure));
     }
 
     /// Whether `key` has a state.
@@ -316,18 +321,30 @@ mod tests {
     fn only_the_first_call_of_a_key_waits() {
         let (routes, state) = calls(None, 4, || ran(3, true, true));
         assert_eq!(routes[0], Route::Wait { kept: None });
-        assert!(routes[1..].iter().all(|r| *r == Route::Launch(3)), "{routes:?}");
+        assert!(
+            routes[1..].iter().all(|r| *r == Route::Launch(3)),
+            "{routes:?}"
+        );
         assert_eq!(state, Some(State::Verified(3)));
-        assert_eq!(settle(None, &ran(3, true, true)), (State::Verified(3), true));
+        assert_eq!(
+            settle(None, &ran(3, true, true)),
+            (State::Verified(3), true)
+        );
     }
 
     #[test]
     fn a_kept_choice_waits_once_and_is_not_written_again() {
         let kept = Some(State::Kept(5));
         assert_eq!(route(kept).0, Route::Wait { kept: Some(5) });
-        assert_eq!(settle(kept, &ran(5, false, true)), (State::Verified(5), false));
+        assert_eq!(
+            settle(kept, &ran(5, false, true)),
+            (State::Verified(5), false)
+        );
         // Failed and searched again: the new choice is written.
-        assert_eq!(settle(kept, &ran(2, true, true)), (State::Verified(2), true));
+        assert_eq!(
+            settle(kept, &ran(2, true, true)),
+            (State::Verified(2), true)
+        );
     }
 
     #[test]
@@ -404,11 +421,22 @@ mod tests {
         }
         assert!(routes[..8].iter().all(|r| *r == Route::Launch(4)));
         assert_eq!(routes[8], Route::Wait { kept: None });
-        let (state, keep) = settle(Some(State::Provisional { choice: 4, calls: 0, failures: 0 }), &ran(1, true, true));
+        let (state, keep) = settle(
+            Some(State::Provisional {
+                choice: 4,
+                calls: 0,
+                failures: 0,
+            }),
+            &ran(1, true, true),
+        );
         assert_eq!((state, keep), (State::Verified(1), true));
         // Still short of memory: provisional again, for longer.
         let again = settle(
-            Some(State::Provisional { choice: 4, calls: 0, failures: 0 }),
+            Some(State::Provisional {
+                choice: 4,
+                calls: 0,
+                failures: 0,
+            }),
             &ran(4, true, false),
         );
         assert_eq!(
@@ -436,7 +464,11 @@ mod tests {
     fn cudnn_9_statuses_by_cause() {
         // cuDNN 9's values (cudnn_graph.h): grouped by thousands.
         for unsupported in [1001, 1008, 2000, 2002, 2003, 3000, 3002, 3010] {
-            assert_eq!(cudnn_cause(unsupported), Cause::Unsupported, "{unsupported}");
+            assert_eq!(
+                cudnn_cause(unsupported),
+                Cause::Unsupported,
+                "{unsupported}"
+            );
         }
         for transient in [4000, 4001, 4003, 4004, 5000, 5001, 6000, 9999] {
             assert_eq!(cudnn_cause(transient), Cause::Transient, "{transient}");
@@ -456,11 +488,18 @@ mod tests {
     fn keys_route_each_key_on_its_own() {
         let keys = Keys::<&str, u8>::default();
         assert_eq!(keys.route(&"a"), Route::Wait { kept: None });
-        assert!(keys.settle(&"a", &ran(1, true, true)), "a measured choice is kept");
+        assert!(
+            keys.settle(&"a", &ran(1, true, true)),
+            "a measured choice is kept"
+        );
         assert_eq!(keys.route(&"a"), Route::Launch(1));
         keys.add_kept("b", 2);
         keys.add_kept("a", 9);
-        assert_eq!(keys.route(&"a"), Route::Launch(1), "a kept choice never replaces one met");
+        assert_eq!(
+            keys.route(&"a"),
+            Route::Launch(1),
+            "a kept choice never replaces one met"
+        );
         assert_eq!(keys.route(&"b"), Route::Wait { kept: Some(2) });
         assert!(!keys.settle(&"b", &ran(2, false, true)));
         assert_eq!(keys.route(&"b"), Route::Launch(2));

@@ -266,7 +266,9 @@ mod tests {
             thread.join().expect("every save succeeds");
         }
         assert_eq!(store.load().unwrap().len(), 8 * 12);
-        let names: Vec<_> = fs::read_dir(store.path.parent().unwrap()).unwrap().collect();
+        let names: Vec<_> = fs::read_dir(store.path.parent().unwrap())
+            .unwrap()
+            .collect();
         assert_eq!(names.len(), 1, "no partial file left: {names:?}");
     }
 }

@@ -29,8 +29,8 @@ use burn_fusion::{Fusion, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 use cubecl::prelude::*;
 
-use super::kernels::{self, REDUCE_UNITS};
-use crate::{BatchNormStep, BatchNormStepped, same};
+use super::kernels::{self, CUBE_UNITS};
+use crate::{BatchNormEval, BatchNormStep, BatchNormStepped, same};
 
 /// The backend under fusion, and the one the layers train on.
 type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
@@ -44,7 +44,10 @@ type Handles<R> = HandleContainer<<FusionCubeRuntime<R> as FusionRuntime>::Fusio
 pub(crate) fn batch_norm_train<B: Backend>(step: &BatchNormStep<B>) -> Option<BatchNormStepped<B>> {
     let tensors = [&step.x.dtype(), &step.weight.dtype(), &step.bias.dtype()];
     if tensors.into_iter().any(|d| *d != DType::F32)
-        || step.residual.as_ref().is_some_and(|r| r.dtype() != DType::F32 || r.dims() != step.x.dims())
+        || step
+            .residual
+            .as_ref()
+            .is_some_and(|r| r.dtype() != DType::F32 || r.dims() != step.x.dims())
     {
         return None;
     }
@@ -59,6 +62,65 @@ pub(crate) fn batch_norm_train<B: Backend>(step: &BatchNormStep<B>) -> Option<Ba
         return Some(out);
     }
     None
+}
+
+/// kiln's eval kernel when `B` is a cubecl backend this build has, without autodiff (inference,
+/// validation), every tensor f32; `None` otherwise.
+pub(crate) fn batch_norm_eval<B: Backend>(eval: &BatchNormEval<B>) -> Option<Tensor<B, 4>> {
+    let tensors = [
+        &eval.x,
+        &eval.residual.clone().unwrap_or_else(|| eval.x.clone()),
+    ];
+    if tensors.iter().any(|t| t.dtype() != DType::F32)
+        || eval
+            .residual
+            .as_ref()
+            .is_some_and(|r| r.dims() != eval.x.dims())
+    {
+        return None;
+    }
+    #[cfg(feature = "wgpu")]
+    if let Some(y) = eval_on::<B, cubecl::wgpu::WgpuRuntime, u32>(eval) {
+        return Some(y);
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(y) = eval_on::<B, cubecl_cuda::CudaRuntime, u8>(eval) {
+        return Some(y);
+    }
+    None
+}
+
+fn eval_on<B: Backend, R: CubeRuntime, BT: BoolElement>(
+    eval: &BatchNormEval<B>,
+) -> Option<Tensor<B, 4>> {
+    let four = |t: &Tensor<B, 4>| {
+        same::<_, Tensor<Fused<R, BT>, 4>>(t.clone()).map(|t| t.into_primitive().tensor())
+    };
+    let one = |t: &Tensor<B, 1>| {
+        let t = same::<_, Tensor<Fused<R, BT>, 1>>(t.clone())?;
+        (t.dtype() == DType::F32).then(|| t.into_primitive().tensor())
+    };
+    let mut inputs = vec![
+        four(&eval.x)?,
+        one(&eval.running_mean)?,
+        one(&eval.running_var)?,
+        one(&eval.weight)?,
+        one(&eval.bias)?,
+    ];
+    if let Some(residual) = &eval.residual {
+        inputs.push(four(residual)?);
+    }
+    let settings = Settings {
+        eps: eval.eps as f32,
+        momentum: 0.0,
+        relu: eval.relu,
+        residual: eval.residual.is_some(),
+    };
+    let shape = vec![eval.x.dims().to_vec()];
+    let y = register::<R, BT>(Pass::Eval, settings, inputs, shape).remove(0);
+    same(Tensor::<Fused<R, BT>, 4>::from_primitive(
+        TensorPrimitive::Float(y),
+    ))
 }
 
 /// The operation when `B` is `Autodiff<Fused<R, BT>>`.
@@ -127,7 +189,14 @@ fn train<R: CubeRuntime, BT: BoolElement>(
     ];
     inputs.extend(running);
     inputs.extend(residual.iter().map(|r| r.primitive.clone()));
-    let shapes = vec![vec![n, c, h, w], vec![c], vec![c], vec![c], vec![c], vec![1]];
+    let shapes = vec![
+        vec![n, c, h, w],
+        vec![c],
+        vec![c],
+        vec![c],
+        vec![c],
+        vec![1],
+    ];
     let outputs = register::<R, BT>(Pass::Forward, settings, inputs, shapes);
     let [y, mean, inv_std, new_mean, new_var, new_tracked]: [_; 6] =
         outputs.try_into().expect("six outputs");
@@ -165,7 +234,11 @@ fn train<R: CubeRuntime, BT: BoolElement>(
     };
     (
         Tensor::from_primitive(TensorPrimitive::Float(y)),
-        [untracked(new_mean), untracked(new_var), untracked(new_tracked)],
+        [
+            untracked(new_mean),
+            untracked(new_var),
+            untracked(new_tracked),
+        ],
     )
 }
 
@@ -215,14 +288,16 @@ impl<R: CubeRuntime, BT: BoolElement, const N: usize> Backward<Fused<R, BT>, N>
     }
 }
 
-/// The two passes. Inputs and outputs, in order: forward `[x, weight, bias, running mean,
-/// running variance, batches tracked, (residual)]` to `[y, mean, inv_std, running mean, running
+/// The passes. Inputs and outputs, in order: forward `[x, weight, bias, running mean, running
+/// variance, batches tracked, (residual)]` to `[y, mean, inv_std, running mean, running
 /// variance, batches tracked]`; backward `[x, dy, y, mean, inv_std, weight]` to `[dx, dweight,
-/// dbias, (dresidual)]`.
+/// dbias, (dresidual)]`; inference `[x, running mean, running variance, weight, bias,
+/// (residual)]` to `[y]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pass {
     Forward,
     Backward,
+    Eval,
 }
 
 impl Pass {
@@ -230,6 +305,7 @@ impl Pass {
         match self {
             Pass::Forward => "kiln_batch_norm",
             Pass::Backward => "kiln_batch_norm_backward",
+            Pass::Eval => "kiln_batch_norm_eval",
         }
     }
 }
@@ -288,6 +364,7 @@ impl<R: CubeRuntime, BT: BoolElement> Operation<FusionCubeRuntime<R>> for NormOp
         let outputs = match self.pass {
             Pass::Forward => forward(inputs, self.settings),
             Pass::Backward => backward(inputs, self.settings),
+            Pass::Eval => vec![eval(inputs, self.settings)],
         };
         for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
             handles.register_float_tensor::<Cube<R, BT>>(&ir.id, tensor);
@@ -302,7 +379,8 @@ fn empty_like<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
     let channels_last = c > 1 && like.meta.strides()[1] == 1;
     let (client, device) = (like.client.clone(), like.device.clone());
     if channels_last {
-        let nhwc = empty_device_contiguous_dtype(client, device, Shape::new([n, h, w, c]), DType::F32);
+        let nhwc =
+            empty_device_contiguous_dtype(client, device, Shape::new([n, h, w, c]), DType::F32);
         permute_nhwc_to_nchw(nhwc)
     } else {
         empty_device_contiguous_dtype(client, device, Shape::new([n, c, h, w]), DType::F32)
@@ -310,21 +388,31 @@ fn empty_like<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
 }
 
 fn empty_vector<R: CubeRuntime>(like: &CubeTensor<R>, len: usize) -> CubeTensor<R> {
-    empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), Shape::new([len]), DType::F32)
+    empty_device_contiguous_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::new([len]),
+        DType::F32,
+    )
 }
 
-/// One unit per value of `t`, in cubes of a size the device takes.
+/// One unit per value of `t`, in cubes of one size whatever the tensor's, so that each kernel
+/// is one pipeline (a cube size is part of a kernel's identity: sized to each tensor, every
+/// layer's shape cost another pipeline to create in every process).
 fn elementwise<R: CubeRuntime>(t: &CubeTensor<R>) -> (CubeCount, CubeDim) {
     let count = t.meta.shape().num_elements();
-    let dim = CubeDim::new(&t.client, count);
-    (cubecl::calculate_cube_count_elemwise(&t.client, count, dim), dim)
+    let dim = CubeDim::new_1d(CUBE_UNITS as u32);
+    (
+        cubecl::calculate_cube_count_elemwise(&t.client, count, dim),
+        dim,
+    )
 }
 
-/// One cube of [`REDUCE_UNITS`] units per channel.
+/// One cube of [`CUBE_UNITS`] units per channel.
 fn per_channel(channels: usize) -> (CubeCount, CubeDim) {
     (
         CubeCount::Static(channels as u32, 1, 1),
-        CubeDim::new_1d(REDUCE_UNITS as u32),
+        CubeDim::new_1d(CUBE_UNITS as u32),
     )
 }
 
@@ -418,7 +506,10 @@ fn backward<R: CubeRuntime>(inputs: Vec<CubeTensor<R>>, settings: Settings) -> V
         dweight.clone().into_tensor_arg(),
         dbias.clone().into_tensor_arg(),
         dx.clone().into_tensor_arg(),
-        dresidual.clone().unwrap_or_else(|| empty_vector(&x_layout, 1)).into_tensor_arg(),
+        dresidual
+            .clone()
+            .unwrap_or_else(|| empty_vector(&x_layout, 1))
+            .into_tensor_arg(),
         settings.residual,
         settings.relu,
         DType::F32.into(),
@@ -426,4 +517,34 @@ fn backward<R: CubeRuntime>(inputs: Vec<CubeTensor<R>>, settings: Settings) -> V
     let mut outputs = vec![dx, dweight, dbias];
     outputs.extend(dresidual);
     outputs
+}
+
+fn eval<R: CubeRuntime>(inputs: Vec<CubeTensor<R>>, settings: Settings) -> CubeTensor<R> {
+    let mut inputs = inputs.into_iter();
+    let mut next = || inputs.next().expect("the eval's inputs");
+    let (x, running_mean, running_var, weight, bias) = (next(), next(), next(), next(), next());
+    // Without a residual, one value is bound in its place and not read.
+    let residual = match settings.residual {
+        true => next(),
+        false => empty_vector(&x, 1),
+    };
+    let y = empty_like(&x);
+    let (count, dim) = elementwise(&y);
+    kernels::batch_norm_eval::launch::<R>(
+        &x.client.clone(),
+        count,
+        dim,
+        x.into_tensor_arg(),
+        running_mean.into_tensor_arg(),
+        running_var.into_tensor_arg(),
+        weight.into_tensor_arg(),
+        bias.into_tensor_arg(),
+        residual.into_tensor_arg(),
+        y.clone().into_tensor_arg(),
+        settings.eps,
+        settings.residual,
+        settings.relu,
+        DType::F32.into(),
+    );
+    y
 }

@@ -5,6 +5,7 @@
 //!   passes over the channel, and the running statistics moved as PyTorch moves them) and
 //!   [`batch_norm_apply`] (normalize, scale and shift, add the block's residual and apply ReLU
 //!   where they follow, in one pass over the output);
+//! - inference: [`batch_norm_eval`], the running statistics applied in the same one pass;
 //! - backward: [`batch_norm_backward_reduce`] (one cube per channel: the sums of the output
 //!   gradient and of its product with the normalized input, which are also the bias's and the
 //!   weight's gradients; ReLU's mask applied) and [`batch_norm_backward_apply`] (the input's
@@ -16,9 +17,9 @@
 
 use cubecl::prelude::*;
 
-/// The units of a per-channel reduction's cube: Vulkan guarantees at least 128 invocations in a
+/// The units of every cube of these kernels: Vulkan guarantees at least 128 invocations in a
 /// workgroup.
-pub(crate) const REDUCE_UNITS: usize = 128;
+pub(crate) const CUBE_UNITS: usize = 128;
 
 /// The sum of every unit's `value`, in every unit.
 #[cube]
@@ -71,7 +72,7 @@ fn offset<F: Float>(t: &Tensor<F>, n: usize, c: usize, h: usize, w: usize) -> us
     n * t.stride(0) + c * t.stride(1) + h * t.stride(2) + w * t.stride(3)
 }
 
-/// One cube per channel (`CUBE_POS_X`), [`REDUCE_UNITS`] units: the batch's mean and `1 /
+/// One cube per channel (`CUBE_POS_X`), [`CUBE_UNITS`] units: the batch's mean and `1 /
 /// sqrt(var + eps)` (biased variance), and the running mean and variance moved by `momentum`
 /// towards the batch's (the unbiased variance, as PyTorch), and the count of batches plus one.
 #[cube(launch)]
@@ -93,13 +94,13 @@ pub(crate) fn batch_norm_stats<F: Float>(
     let c = CUBE_POS_X as usize;
     let unit = UNIT_POS_X as usize;
     let count = x.shape(0) * x.shape(2) * x.shape(3);
-    let mut shared = SharedMemory::<F>::new(REDUCE_UNITS);
+    let mut shared = SharedMemory::<F>::new(CUBE_UNITS);
 
     let mut sum = F::new(0.0);
     let mut i = unit;
     while i < count {
         sum += x[channel_offset(x, c, i)];
-        i += REDUCE_UNITS;
+        i += CUBE_UNITS;
     }
     let batch_mean = cube_sum(&mut shared, sum) / F::cast_from(count);
 
@@ -108,7 +109,7 @@ pub(crate) fn batch_norm_stats<F: Float>(
     while j < count {
         let d = x[channel_offset(x, c, j)] - batch_mean;
         squares += d * d;
-        j += REDUCE_UNITS;
+        j += CUBE_UNITS;
     }
     let var = cube_sum(&mut shared, squares) / F::cast_from(count);
 
@@ -161,7 +162,40 @@ pub(crate) fn batch_norm_apply<F: Float>(
     y[position] = value;
 }
 
-/// One cube per channel, [`REDUCE_UNITS`] units: with `dz` the output gradient (zero where ReLU
+/// One unit per output value, in inference: `relu((x - running_mean) / sqrt(running_var + eps)
+/// * weight + bias + residual)`, the residual and ReLU where asked.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn batch_norm_eval<F: Float>(
+    x: &Tensor<F>,
+    running_mean: &Tensor<F>,
+    running_var: &Tensor<F>,
+    weight: &Tensor<F>,
+    bias: &Tensor<F>,
+    residual: &Tensor<F>,
+    y: &mut Tensor<F>,
+    eps: f32,
+    #[comptime] with_residual: bool,
+    #[comptime] relu: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let position = ABSOLUTE_POS;
+    if position >= y.len() {
+        terminate!();
+    }
+    let (n, c, h, w) = coordinates(y, position);
+    let scale = weight[c] / F::sqrt(running_var[c] + F::cast_from(eps));
+    let mut value = (x[offset(x, n, c, h, w)] - running_mean[c]) * scale + bias[c];
+    if with_residual {
+        value += residual[offset(residual, n, c, h, w)];
+    }
+    if relu {
+        value = max(value, F::new(0.0));
+    }
+    y[position] = value;
+}
+
+/// One cube per channel, [`CUBE_UNITS`] units: with `dz` the output gradient (zero where ReLU
 /// cut the output `y`), the bias's gradient `sum(dz)` and the weight's `sum(dz * x_hat)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -179,7 +213,7 @@ pub(crate) fn batch_norm_backward_reduce<F: Float>(
     let c = CUBE_POS_X as usize;
     let unit = UNIT_POS_X as usize;
     let count = x.shape(0) * x.shape(2) * x.shape(3);
-    let mut shared = SharedMemory::<F>::new(REDUCE_UNITS);
+    let mut shared = SharedMemory::<F>::new(CUBE_UNITS);
     let channel_mean = mean[c];
 
     let mut sum_dz = F::new(0.0);
@@ -192,7 +226,7 @@ pub(crate) fn batch_norm_backward_reduce<F: Float>(
         }
         sum_dz += dz;
         sum_dz_xmu += dz * (x[channel_offset(x, c, i)] - channel_mean);
-        i += REDUCE_UNITS;
+        i += CUBE_UNITS;
     }
     let total_dz = cube_sum(&mut shared, sum_dz);
     let total_dz_xmu = cube_sum(&mut shared, sum_dz_xmu);

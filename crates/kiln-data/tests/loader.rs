@@ -8,8 +8,8 @@ use image::{Rgb, RgbImage};
 use kiln_data::augment::Interpolation;
 use kiln_data::transforms::ErasingValue;
 use kiln_data::{
-    Dataset, HostBatch, ImageFolder, ImageLimits, Loader, LoaderConfig, MixMode, Mixing,
-    OnBadImage, Pipeline, Shard, Synthetic, Transform,
+    BatchShare, Dataset, HostBatch, ImageFolder, ImageLimits, Loader, LoaderConfig, MixMode,
+    Mixing, OnBadImage, Pipeline, Synthetic, Transform,
 };
 
 fn synthetic(len: usize) -> Arc<dyn Dataset> {
@@ -406,18 +406,18 @@ fn impossible_configurations_are_refused() {
 }
 
 #[test]
-fn shards_of_each_batch_together_are_the_whole_batch_in_order() {
+fn shares_of_each_batch_together_are_the_whole_batch_in_order() {
     let dataset = synthetic(23);
-    let loader = |shard| {
+    let loader = |share| {
         let config = LoaderConfig {
-            shard,
+            share,
             ..LoaderConfig::new(5, 1)
         };
         Loader::new(dataset.clone(), augmenting(), config).unwrap()
     };
-    let whole = collect(&loader(Shard::WHOLE), 2);
+    let whole = collect(&loader(BatchShare::WHOLE), 2);
     let parts: Vec<Vec<HostBatch>> = (0..3)
-        .map(|index| collect(&loader(Shard { index, count: 3 }), 2))
+        .map(|index| collect(&loader(BatchShare { index, count: 3 }), 2))
         .collect();
     assert_eq!(whole.len(), 5);
     for (b, batch) in whole.iter().enumerate() {

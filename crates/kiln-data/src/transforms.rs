@@ -880,8 +880,8 @@ mod tests {
             assert_eq!(out.len(), 3 * 224 * 224);
             for (y, x) in [(0, 0), (0, 223), (223, 0), (223, 223), (111, 57), (200, 3)] {
                 let pixel = resized.get_pixel(x + left, y + top).0;
-                for c in 0..3 {
-                    let value = (pixel[c] as f32 / 255.0 - eval.mean[c]) / eval.std[c];
+                for (c, &byte) in pixel.iter().enumerate() {
+                    let value = (byte as f32 / 255.0 - eval.mean[c]) / eval.std[c];
                     let at = (c * 224 + y as usize) * 224 + x as usize;
                     assert_eq!(out[at], value, "channel {c}, y {y}, x {x}");
                 }

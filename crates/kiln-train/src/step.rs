@@ -327,7 +327,7 @@ impl<B: AutodiffBackend> Replica<B> {
         plan: &StepPlan,
     ) -> Result<Option<GradientsParams>, ParallelError> {
         if let Some(peer) = plan.peer {
-            let local = grads.unwrap_or_else(GradientsParams::new);
+            let local = grads.unwrap_or_default();
             grads = Some(all_reduce_gradients(model, local, peer)?);
         }
         if let Some(scaler) = &mut self.scaler {

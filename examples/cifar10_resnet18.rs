@@ -8,10 +8,10 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use kiln::{BackendChoice, DeviceSelection};
+use kiln::{BackendChoice, Console, DeviceSelection, Start, TrainRequest};
+use kiln_config::TrainConfig;
+use kiln_config::config::OptimizerConfig;
 use kiln_data::{Source, Transform};
-use kiln_train::config::OptimizerConfig;
-use kiln_train::{RunDir, TrainConfig};
 
 fn main() -> anyhow::Result<()> {
     let cifar10 = Source::Cifar10 {
@@ -25,17 +25,17 @@ fn main() -> anyhow::Result<()> {
     config.data.val_transforms = vec![Transform::ToTensor];
     config.logging.print_every = 100;
 
-    let run = RunDir::create(&config.logging.runs_dir, &config)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let devices = DeviceSelection::default();
-    kiln::train(
-        &config,
-        &run,
-        false,
-        BackendChoice::Auto,
-        &devices,
-        None,
-        stop,
-    )?;
+    // The binary's panic hook: a device out of memory becomes the run's error, with a batch
+    // that fits.
+    kiln::panics::install_hook();
+    let request = TrainRequest {
+        start: Start::Built { config: &config },
+        overrides: &[],
+        backend: Some(BackendChoice::Auto),
+        devices: Some(DeviceSelection::default()),
+        cluster: None,
+        stop: Arc::new(AtomicBool::new(false)),
+    };
+    kiln::train(request, &mut Console::new())?;
     Ok(())
 }

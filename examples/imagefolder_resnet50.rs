@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
-use kiln::{BackendChoice, DeviceSelection};
+use kiln::{BackendChoice, Console, DeviceSelection, Start, TrainRequest};
+use kiln_config::TrainConfig;
+use kiln_config::config::OptimizerConfig;
 use kiln_data::Source;
 use kiln_data::Transform::{CenterCrop, Normalize, Resize, ToTensor};
 use kiln_data::transforms::{IMAGENET_MEAN, IMAGENET_STD};
-use kiln_train::config::OptimizerConfig;
-use kiln_train::{RunDir, TrainConfig};
 
 fn main() -> anyhow::Result<()> {
     let root = PathBuf::from(
@@ -48,16 +48,15 @@ fn main() -> anyhow::Result<()> {
     config.data.val_transforms = eval_transforms;
     config.data.workers = 8;
 
-    let run = RunDir::create(&config.logging.runs_dir, &config)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    kiln::train(
-        &config,
-        &run,
-        false,
-        BackendChoice::Auto,
-        &DeviceSelection::All,
-        None,
-        stop,
-    )?;
+    kiln::panics::install_hook();
+    let request = TrainRequest {
+        start: Start::Built { config: &config },
+        overrides: &[],
+        backend: Some(BackendChoice::Auto),
+        devices: Some(DeviceSelection::All),
+        cluster: None,
+        stop: Arc::new(AtomicBool::new(false)),
+    };
+    kiln::train(request, &mut Console::new())?;
     Ok(())
 }

@@ -12,9 +12,9 @@
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use kiln_data::{HostBatch, Loader, Shard};
-use kiln_train::TrainConfig;
-use kiln_train::loaders::loaders;
+use kiln_config::TrainConfig;
+use kiln_data::{BatchShare, HostBatch, Loader};
+use kiln_train::loaders;
 use kiln_train::schedule::Schedule;
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
@@ -31,7 +31,7 @@ fn main() -> anyhow::Result<()> {
     if config.accumulate != 1 || config.mixup.is_some() {
         bail!("replays steps of one batch with hard labels: no accumulate, no mixup or CutMix");
     }
-    let (train, val) = loaders(&config, Shard::WHOLE)?;
+    let (train, val) = loaders::open(&config, BatchShare::WHOLE)?;
     let val = val.context("the config has no validation data")?;
     let schedule = Schedule::new(
         &config.schedule,

@@ -43,7 +43,7 @@ pub struct ExportArgs {
     #[arg(long, default_value_t = 64)]
     width: usize,
     /// Without --run: `imagenet` or `cifar`.
-    #[arg(long, default_value = "imagenet", value_parser = kiln::parse_stem)]
+    #[arg(long, default_value = "imagenet", value_parser = crate::parse_stem)]
     stem: Stem,
     /// A file with one class name per line, recorded in the ONNX metadata (a run's own names
     /// by default; ImageNet's for 1000 classes without --run).

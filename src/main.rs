@@ -16,7 +16,6 @@ mod train;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use kiln::panic_message;
 use kiln_backend::{BackendChoice, DeviceSelection};
 
 #[derive(Parser)]
@@ -145,7 +144,7 @@ fn main() -> ExitCode {
     // SAFETY: the first thing kiln does, before any thread starts.
     unsafe { kiln_backend::quiet_headless_vulkan() };
     install_logger();
-    install_panic_hook();
+    kiln_train::panics::install_hook();
     cpu::keep_freed_memory();
     cpu::join_compute_pool();
     let cli = Cli::parse();
@@ -194,45 +193,11 @@ fn install_logger() {
     .init();
 }
 
-/// A panic is a kiln bug or a runtime failure; show one line (with the thread) instead of a
-/// backtrace dump. A panic on a GPU runtime's thread ends the process: cubecl catches it there
-/// and only logs it, and whoever waits for that thread's answer would wait for ever.
-fn install_panic_hook() {
-    let backtrace = std::env::var_os("RUST_BACKTRACE").is_some();
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let thread = std::thread::current();
-        let name = thread.name().unwrap_or("unnamed");
-        let first_line = panic_message(info.payload());
-        // Training turns a device's out-of-memory panic into an error with a batch that fits,
-        // and a precision probe's panic into "not supported"; replicas' panics become the run's
-        // error.
-        if kiln_train::panics::will_be_caught(info.payload())
-            || kiln_train::panics::is_handled_thread(name)
-        {
-            kiln_train::panics::record_runtime_panic(&first_line);
-            return;
-        }
-        // A machine that left a multi-machine run breaks the network's threads; the
-        // all-reduce waiting on it reports that as the run's error.
-        if kiln_train::panics::is_network_thread(name) {
-            kiln_train::panics::record_network_panic(&first_line);
-            return;
-        }
-        let runtime = kiln_train::panics::is_runtime_thread(name);
-        if backtrace {
-            default(info);
-        } else if runtime {
-            eprintln!(
-                "error: the GPU runtime failed in thread '{name}': {first_line}; kiln cannot go on and ends the run here (RUST_LOG=debug shows more)"
-            );
-        } else {
-            eprintln!(
-                "error: kiln stopped unexpectedly in thread '{name}': {first_line}; this is a bug, please report it (RUST_BACKTRACE=1 shows where)"
-            );
-        }
-        if runtime {
-            std::process::exit(1);
-        }
-    }));
+/// `--stem imagenet|cifar`, for the commands that take a network without a config.
+pub(crate) fn parse_stem(s: &str) -> Result<kiln_models::Stem, String> {
+    match s {
+        "imagenet" => Ok(kiln_models::Stem::Imagenet),
+        "cifar" => Ok(kiln_models::Stem::Cifar),
+        other => Err(format!("unknown stem `{other}`: choose imagenet or cifar")),
+    }
 }

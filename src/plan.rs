@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use kiln_train::TrainConfig;
-use kiln_train::config::{BatchSize, MemorySize};
-use kiln_train::plan::bytes;
+use kiln_config::TrainConfig;
+use kiln_config::config::{BatchSize, MemorySize};
+use kiln_config::plan::bytes;
 
 use crate::train::ConfigOptions;
 

@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::parse_stem;
 use clap::Args;
-use kiln::parse_stem;
 use kiln_backend::{probe, resolve};
 use kiln_data::EvalTransform;
 use kiln_models::{ResNetConfig, Stem};

@@ -21,7 +21,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let page = kiln_train::compare::compare_page(&args.runs, &folder)?;
+    let page = kiln_records::report::runs_page(&args.runs, &folder)?;
     std::fs::write(&args.out, page).with_context(|| format!("writing {}", args.out.display()))?;
     println!("wrote {} ({} runs)", args.out.display(), args.runs.len());
     Ok(())

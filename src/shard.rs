@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use bytesize::ByteSize;
 use clap::Args;
+use kiln_config::TrainConfig;
 use kiln_data::Dataset;
-use kiln_train::TrainConfig;
 
 #[derive(Args)]
 pub struct ShardArgs {

@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use kiln_config::TrainConfig;
 use kiln_data::max_workers;
 use kiln_data::stats::{DataStats, statistics};
-use kiln_train::TrainConfig;
 
 #[derive(Args)]
 pub struct StatsArgs {

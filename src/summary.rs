@@ -12,7 +12,7 @@ pub struct SummaryArgs {
     #[arg(long, default_value_t = 224)]
     image_size: usize,
     /// `imagenet` or `cifar`.
-    #[arg(long, default_value = "imagenet", value_parser = kiln::parse_stem)]
+    #[arg(long, default_value = "imagenet", value_parser = crate::parse_stem)]
     stem: Stem,
     /// Channels of the first stage (torchvision's 64).
     #[arg(long, default_value_t = 64)]

@@ -1,4 +1,5 @@
-//! `kiln train` and `kiln eval`: read the config, pick the backend, run the engine.
+//! `kiln train`, `eval`, `lr-find` and `warmup`: their flags, the one library call each makes,
+//! and what the binary prints of its answer.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -6,10 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use kiln::{BackendChoice, DeviceSelection};
-use kiln_train::launch::Launch;
-use kiln_train::run_dir::{self, EvalSource, OpenRun, Start};
-use kiln_train::{Outcome, TrainConfig};
+use kiln::{BackendChoice, Console, DeviceSelection, Start, TrainRequest};
+use kiln_config::TrainConfig;
+use kiln_records::run_dir::{self, EvalSource};
+use kiln_train::RunEnd;
+use kiln_train::cluster::launch::Launch;
 
 #[derive(Args)]
 pub struct TrainArgs {
@@ -30,7 +32,7 @@ pub struct TrainArgs {
 
 /// A run over several machines: start the same command on each, with its own --node-rank.
 /// Under SLURM's srun or a torchrun-style launcher these come from the environment (see
-/// `kiln_train::launch`); a flag given wins over it.
+/// `kiln_train::cluster::launch`); a flag given wins over it.
 #[derive(Args)]
 struct ClusterOptions {
     /// Machines in the run (each trains on its --devices; batch_size is split over all).
@@ -132,17 +134,24 @@ pub struct EvalArgs {
 }
 
 impl ConfigOptions {
+    /// The backend and devices the command line gives, if it does.
+    fn device_flags(&self) -> anyhow::Result<(Option<BackendChoice>, Option<DeviceSelection>)> {
+        let backend = self.backend.as_deref().map(str::parse).transpose()?;
+        let devices = self.devices.as_deref().map(str::parse).transpose()?;
+        Ok((backend, devices))
+    }
+
     /// The backend and devices: the command line's, else the config's.
     pub(crate) fn device_request(
         &self,
         config: &TrainConfig,
     ) -> anyhow::Result<(BackendChoice, DeviceSelection)> {
-        let backend = match &self.backend {
-            Some(name) => name.parse()?,
-            None => config.device.backend,
+        let (backend, devices) = self.device_flags()?;
+        let devices = match devices {
+            Some(devices) => devices,
+            None => config.device.devices.parse()?,
         };
-        let devices = self.devices.as_deref().unwrap_or(&config.device.devices);
-        Ok((backend, devices.parse()?))
+        Ok((backend.unwrap_or(config.device.backend), devices))
     }
 }
 
@@ -173,12 +182,6 @@ pub fn run_train(mut args: TrainArgs) -> anyhow::Result<()> {
         (Some(path), None) => Start::New { config: path },
         (None, None) => bail!("give --config <file> or --resume <run directory>"),
     };
-    let OpenRun {
-        config,
-        run,
-        resume,
-    } = run_dir::open_run(start, &args.options.overrides)?;
-    let (backend, devices) = args.options.device_request(&config)?;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     // The first Ctrl-C finishes the step and checkpoints; a second one ends at once.
@@ -189,12 +192,16 @@ pub fn run_train(mut args: TrainArgs) -> anyhow::Result<()> {
         eprintln!("\nstopping after this step (Ctrl-C again to quit at once)");
     })
     .context("installing the Ctrl-C handler")?;
-    let result = kiln::train(&config, &run, resume, backend, &devices, cluster, stop);
-    if result.is_err() && !resume {
-        run.remove_if_empty();
-    }
-    let outcome = result?;
-    if let Outcome::Finished { last, .. } = outcome
+    let (backend, devices) = args.options.device_flags()?;
+    let request = TrainRequest {
+        start,
+        overrides: &args.options.overrides,
+        backend,
+        devices,
+        cluster,
+        stop,
+    };
+    if let RunEnd::Finished { last, .. } = kiln::train(request, &mut Console::new())?
         && let Some(top1) = last.and_then(|s| s.val_top1)
     {
         println!("validation top-1: {:.2}%", top1 * 100.0);
@@ -228,8 +235,8 @@ pub fn run_eval(mut args: EvalArgs) -> anyhow::Result<()> {
         result.top1 * 100.0,
         result.top5 * 100.0,
         match config.eval.tta {
-            kiln_train::config::Tta::None => "",
-            kiln_train::config::Tta::Hflip => " (each image averaged with its mirror)",
+            kiln_config::config::Tta::None => "",
+            kiln_config::config::Tta::Hflip => " (each image averaged with its mirror)",
         }
     );
     print!("{}", result.confusion.report(&result.class_names));

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use burn::backend::Flex;
 use common::{errors, kiln};
-use kiln_train::TrainConfig;
+use kiln_config::TrainConfig;
 
 /// Frozen batch norm: each image's loss depends on that image alone, so splitting the batch
 /// between machines changes nothing but float rounding.
@@ -256,7 +256,7 @@ fn trained_alone(dir: &Path) -> (TrainConfig, String) {
 fn free_job_id() -> u64 {
     loop {
         let job = fastrand::u64(100_000..10_000_000);
-        let port = kiln_train::launch::slurm_port(job);
+        let port = kiln_train::cluster::launch::slurm_port(job);
         let free = |p: u16| std::net::TcpListener::bind(("0.0.0.0", p)).is_ok();
         if free(port) && free(port + 3) {
             return job;

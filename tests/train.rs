@@ -141,7 +141,7 @@ fn the_quickstart_reaches_95_percent_on_the_shipped_digits() {
     assert_eq!(classes, written.lines().collect::<Vec<_>>());
     assert_eq!(classes.len(), 10);
     assert!(metadata["normalize"].contains("\"mean\""), "{metadata:?}");
-    let config = kiln_train::TrainConfig::load(&run.join("config.toml"), &[]).unwrap();
+    let config = kiln_config::TrainConfig::load(&run.join("config.toml"), &[]).unwrap();
     let device = Default::default();
     let model = kiln_train::step::build_model::<Flex>(&config.model, 10, &device).unwrap();
     let (model, _) = kiln_models::weights::load(model, &run.join("model.safetensors")).unwrap();

@@ -17,11 +17,14 @@
 //!   ResNet-18 on CIFAR-sized images (random ones in CIFAR-10's format), loader included, against
 //!   the same training in PyTorch with torchvision's dataset and transforms.
 //! - `gpu-check --carry-dir DIR [--dry-run]`: a folder that checks kiln on an NVIDIA machine.
+//! - `patches [--write]`: each crate under `patches/` is the published crate plus the diff in
+//!   its `KILN.md` (`--write` records the diffs after a meant change); CI runs it.
 
 mod bench_data;
 mod bench_models;
 mod bench_train;
 mod gpu_check;
+mod patches;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -45,8 +48,9 @@ fn main() -> anyhow::Result<()> {
         ["bench", "train", ..] => bench_train::cifar(&root, &args[2..]),
         ["bench", ..] => bench_models::run(&root, &args[1..]),
         ["gpu-check", ..] => gpu_check::run(&root, &args[1..]),
+        ["patches", ..] => patches::run(&root, &args[1..]),
         _ => bail!(
-            "usage: cargo xtask <lint | fixtures | compare [--kiln PATH] [--backends flex,ndarray,wgpu ...] | bench [--no-data] [--passes] [--backends ...] | bench data [--count N] [--passes N] | bench quickstart [--rounds N] | bench train [--rounds N] [--batches 32,128] [--images N] [--epochs N] | gpu-check --carry-dir DIR [--dry-run]>"
+            "usage: cargo xtask <lint | fixtures | compare [--kiln PATH] [--backends flex,ndarray,wgpu ...] | bench [--no-data] [--passes] [--backends ...] | bench data [--count N] [--passes N] | bench quickstart [--rounds N] | bench train [--rounds N] [--batches 32,128] [--images N] [--epochs N] | gpu-check --carry-dir DIR [--dry-run] | patches [--write]>"
         ),
     }
 }

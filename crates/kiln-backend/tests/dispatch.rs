@@ -41,3 +41,23 @@ fn a_vulkan_device_dispatched_twice_is_set_up_once() {
     assert_eq!(run_on(&resolved, Sum).unwrap(), 6.5);
     assert_eq!(run_on(&resolved, Sum).unwrap(), 6.5);
 }
+
+/// `cargo test` prints no "error: XDG_RUNTIME_DIR is invalid or not set" for each Vulkan instance
+/// (Mesa's device-selection layer asking Wayland for the default GPU, which `.cargo/config.toml`
+/// switches off with `NODEVICE_SELECT` as the binary does for itself): the test above, run again
+/// without a display session, prints nothing of it.
+#[test]
+fn vulkan_tests_print_nothing_about_a_missing_display_session() {
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_vulkan_device_dispatched_twice_is_set_up_once",
+            "--nocapture",
+        ])
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .unwrap();
+    let errors = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{errors}");
+    assert!(!errors.contains("XDG_RUNTIME_DIR"), "{errors}");
+}

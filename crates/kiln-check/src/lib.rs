@@ -4,17 +4,20 @@
 //!   norm statistics and the parameters after optimizer steps, each compared with a reference.
 //! - [`bench`]: training and inference throughput, step time and peak memory, and the same
 //!   figures from PyTorch (written by `xtask/scripts/bench_torch.py`) side by side.
+//! - [`entry`]: `kiln compare` and `kiln bench` on each backend asked for.
+//! - [`kernels`]: kernel launches per step by kind, read from cubecl's profiling log.
 //! - [`parity`]: one training step of kiln's ResNets against PyTorch's float64 answer.
 //! - [`trajectory`]: whole training runs (50 steps of the trainer's step function) against
 //!   PyTorch's, loss by loss and tensor by tensor.
-//! - [`report`]: what a comparison found on every backend, and its verdict.
+//! - [`verdict`]: what a comparison found on every backend, and whether it passed.
 
 pub mod bench;
 pub mod compare;
+pub mod entry;
 pub mod kernels;
 pub mod parity;
-pub mod report;
 pub mod trajectory;
+pub mod verdict;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};

@@ -32,7 +32,7 @@ pub use dataset::{Dataset, InMemory, SharedDataset, Subset, split};
 pub use error::DataError;
 pub use image_folder::{IMAGE_EXTENSIONS, ImageFolder};
 pub use image_io::{ImageLimits, load_rgb};
-pub use loader::{Batches, HostBatch, Loader, LoaderConfig, OnBadImage, Shard, max_workers};
+pub use loader::{BatchShare, Batches, HostBatch, Loader, LoaderConfig, OnBadImage, max_workers};
 pub use mix::{MixMode, Mixing};
 pub use source::{Source, Splits};
 pub use synthetic::Synthetic;

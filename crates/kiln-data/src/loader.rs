@@ -43,8 +43,8 @@ pub struct LoaderConfig {
     pub seed: u64,
     pub on_bad_image: OnBadImage,
     /// The part of each batch this process loads, when several machines train together.
-    pub shard: Shard,
-    /// Mixup and CutMix on each batch (on each machine's shard of it), for training.
+    pub share: BatchShare,
+    /// Mixup and CutMix on each batch (on each machine's share of it), for training.
     pub mixing: Option<Mixing>,
 }
 
@@ -58,17 +58,17 @@ pub fn max_workers() -> usize {
 /// Part `index` of `count` equal parts of every batch: each machine of a multi-machine run
 /// decodes only the images its devices train on, while all agree on the epoch's order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shard {
+pub struct BatchShare {
     pub index: usize,
     pub count: usize,
 }
 
-impl Shard {
+impl BatchShare {
     /// The whole batch.
-    pub const WHOLE: Shard = Shard { index: 0, count: 1 };
+    pub const WHOLE: BatchShare = BatchShare { index: 0, count: 1 };
 
-    /// The range of a batch of `len` items that this shard takes: as even as can be, the first
-    /// shards one larger when `len` does not divide.
+    /// The range of a batch of `len` items that this share takes: as even as can be, the first
+    /// shares one larger when `len` does not divide.
     pub fn range(&self, len: usize) -> std::ops::Range<usize> {
         let start = |i: usize| i * (len / self.count) + i.min(len % self.count);
         start(self.index)..start(self.index + 1)
@@ -86,7 +86,7 @@ impl LoaderConfig {
             prefetch: 4,
             seed,
             on_bad_image: OnBadImage::Skip,
-            shard: Shard::WHOLE,
+            share: BatchShare::WHOLE,
             mixing: None,
         }
     }
@@ -241,7 +241,7 @@ impl EpochPlan {
         let size = self.shared.config.batch_size;
         let start = batch * size;
         let whole = &self.order[start..(start + size).min(self.order.len())];
-        &whole[self.shared.config.shard.range(whole.len())]
+        &whole[self.shared.config.share.range(whole.len())]
     }
 
     /// Decodes, augments, normalizes and (for training) mixes one batch.

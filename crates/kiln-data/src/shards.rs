@@ -551,7 +551,7 @@ mod tests {
 
     #[test]
     fn two_machines_with_two_workers_each_see_every_sample_once_an_epoch() {
-        use crate::{InMemory, Loader, LoaderConfig, Pipeline, Shard};
+        use crate::{BatchShare, InMemory, Loader, LoaderConfig, Pipeline};
         use std::sync::Arc;
         // 1x1 images whose red value is their index.
         let count = 40;
@@ -573,7 +573,7 @@ mod tests {
             for machine in 0..2 {
                 let mut config = LoaderConfig::new(6, 9);
                 config.workers = 2;
-                config.shard = Shard {
+                config.share = BatchShare {
                     index: machine,
                     count: 2,
                 };

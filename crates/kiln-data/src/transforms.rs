@@ -865,9 +865,28 @@ mod tests {
     }
 
     #[test]
-    fn the_eval_pipeline_gives_a_224_square() {
-        let out = EvalTransform::imagenet().apply(&gradient(320, 240));
-        assert_eq!(out.len(), 3 * 224 * 224);
+    fn the_eval_pipeline_gives_the_normalized_center_224_square_of_the_resized_image() {
+        let eval = EvalTransform::imagenet();
+        // (image, its size after `Resize(256)`, the crop's left and top there): 240 x 320 goes
+        // to 256 x 341, and Python's round((341 - 224) / 2) = round(58.5) is 58; 320 x 256 is
+        // not resized.
+        for (image, resized_size, (left, top)) in [
+            (gradient(240, 320), (256, 341), (16, 58)),
+            (gradient(320, 256), (320, 256), (48, 16)),
+        ] {
+            let resized = resize_shorter_side(&image, 256);
+            assert_eq!(resized.dimensions(), resized_size);
+            let out = eval.apply(&image);
+            assert_eq!(out.len(), 3 * 224 * 224);
+            for (y, x) in [(0, 0), (0, 223), (223, 0), (223, 223), (111, 57), (200, 3)] {
+                let pixel = resized.get_pixel(x + left, y + top).0;
+                for (c, &byte) in pixel.iter().enumerate() {
+                    let value = (byte as f32 / 255.0 - eval.mean[c]) / eval.std[c];
+                    let at = (c * 224 + y as usize) * 224 + x as usize;
+                    assert_eq!(out[at], value, "channel {c}, y {y}, x {x}");
+                }
+            }
+        }
     }
 
     #[test]

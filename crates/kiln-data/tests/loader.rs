@@ -2,13 +2,14 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use image::{Rgb, RgbImage};
 use kiln_data::augment::Interpolation;
 use kiln_data::transforms::ErasingValue;
 use kiln_data::{
-    Dataset, HostBatch, ImageFolder, ImageLimits, Loader, LoaderConfig, MixMode, Mixing,
-    OnBadImage, Pipeline, Shard, Synthetic, Transform,
+    BatchShare, Dataset, HostBatch, ImageFolder, ImageLimits, Loader, LoaderConfig, MixMode,
+    Mixing, OnBadImage, Pipeline, Synthetic, Transform,
 };
 
 fn synthetic(len: usize) -> Arc<dyn Dataset> {
@@ -159,10 +160,81 @@ fn a_resumed_epoch_continues_with_the_same_batches() {
 
 #[test]
 fn dropping_an_epoch_midway_stops_its_workers() {
-    let loader = Loader::new(synthetic(200), augmenting(), LoaderConfig::new(4, 5)).unwrap();
-    for _ in 0..20 {
+    let watched = Arc::new(Watched {
+        inner: synthetic(200),
+        decoded: AtomicUsize::new(0),
+        threads: Arc::new(ThreadCounts::default()),
+    });
+    let config = LoaderConfig::new(4, 5);
+    let (workers, prefetch) = (config.workers, config.prefetch);
+    let loader = Loader::new(watched.clone(), augmenting(), config).unwrap();
+    for round in 1..=20 {
         let mut batches = loader.epoch(0);
         assert!(batches.next().unwrap().is_ok());
+        drop(batches);
+        // Every thread that decoded an image has ended (its thread-locals dropped) once the
+        // epoch is dropped, and none was left running the rest of the epoch's 50 batches: the
+        // first one and the `prefetch` queued after it are all that was decoded.
+        let started = watched.threads.started.load(Ordering::SeqCst);
+        let ended = watched.threads.ended.load(Ordering::SeqCst);
+        assert_eq!(
+            ended, started,
+            "round {round}: {started} started, {ended} ended"
+        );
+        assert!(started >= round && started <= round * workers, "{started}");
+        let decoded = watched.decoded.load(Ordering::SeqCst);
+        assert!(
+            decoded <= round * (1 + prefetch) * 4,
+            "{decoded} images decoded"
+        );
+    }
+}
+
+/// A data set that counts the images it decodes and the threads that decode them, and sees
+/// those threads end (a thread-local's destructor runs when its thread ends).
+struct Watched {
+    inner: Arc<dyn Dataset>,
+    decoded: AtomicUsize,
+    threads: Arc<ThreadCounts>,
+}
+
+#[derive(Default)]
+struct ThreadCounts {
+    started: AtomicUsize,
+    ended: AtomicUsize,
+}
+
+struct ThreadEnd(Arc<ThreadCounts>);
+
+impl Drop for ThreadEnd {
+    fn drop(&mut self) {
+        self.0.ended.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+thread_local! {
+    static THREAD_END: std::cell::OnceCell<ThreadEnd> = const { std::cell::OnceCell::new() };
+}
+
+impl Dataset for Watched {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn image(&self, index: usize) -> Result<RgbImage, kiln_data::DataError> {
+        THREAD_END.with(|end| {
+            end.get_or_init(|| {
+                self.threads.started.fetch_add(1, Ordering::SeqCst);
+                ThreadEnd(self.threads.clone())
+            });
+        });
+        self.decoded.fetch_add(1, Ordering::SeqCst);
+        self.inner.image(index)
+    }
+    fn label(&self, index: usize) -> usize {
+        self.inner.label(index)
+    }
+    fn classes(&self) -> &[String] {
+        self.inner.classes()
     }
 }
 
@@ -334,18 +406,18 @@ fn impossible_configurations_are_refused() {
 }
 
 #[test]
-fn shards_of_each_batch_together_are_the_whole_batch_in_order() {
+fn shares_of_each_batch_together_are_the_whole_batch_in_order() {
     let dataset = synthetic(23);
-    let loader = |shard| {
+    let loader = |share| {
         let config = LoaderConfig {
-            shard,
+            share,
             ..LoaderConfig::new(5, 1)
         };
         Loader::new(dataset.clone(), augmenting(), config).unwrap()
     };
-    let whole = collect(&loader(Shard::WHOLE), 2);
+    let whole = collect(&loader(BatchShare::WHOLE), 2);
     let parts: Vec<Vec<HostBatch>> = (0..3)
-        .map(|index| collect(&loader(Shard { index, count: 3 }), 2))
+        .map(|index| collect(&loader(BatchShare { index, count: 3 }), 2))
         .collect();
     assert_eq!(whole.len(), 5);
     for (b, batch) in whole.iter().enumerate() {

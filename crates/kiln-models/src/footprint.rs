@@ -27,7 +27,7 @@ pub struct Summary {
     pub model: String,
     /// Channels, height, width.
     pub input: [usize; 3],
-    pub stages: Vec<Stage>,
+    pub stages: Vec<StageFootprint>,
     pub parameters: u64,
     pub buffers: u64,
     /// Multiply-adds of one image's forward pass (convolutions and the classifier), the figure
@@ -38,7 +38,7 @@ pub struct Summary {
 
 /// What one stage adds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Stage {
+pub struct StageFootprint {
     pub name: String,
     /// Channels, height, width of the stage's output.
     pub output: [usize; 3],
@@ -114,7 +114,7 @@ struct Walk {
     buffers: u64,
     mult_adds: u64,
     activations: u64,
-    stages: Vec<Stage>,
+    stages: Vec<StageFootprint>,
 }
 
 impl Walk {
@@ -151,8 +151,8 @@ impl Walk {
 
     /// Closes a stage with `channels` outputs: what it added since the stage before.
     fn end_stage(&mut self, name: &str, channels: usize) {
-        let before = |f: fn(&Stage) -> u64| self.stages.iter().map(f).sum::<u64>();
-        let stage = Stage {
+        let before = |f: fn(&StageFootprint) -> u64| self.stages.iter().map(f).sum::<u64>();
+        let stage = StageFootprint {
             name: name.to_string(),
             output: [channels, self.height, self.width],
             parameters: self.parameters - before(|s| s.parameters),
@@ -260,7 +260,7 @@ mod tests {
                 names,
                 ["stem", "layer1", "layer2", "layer3", "layer4", "head"]
             );
-            let sum = |f: fn(&Stage) -> u64| summary.stages.iter().map(f).sum::<u64>();
+            let sum = |f: fn(&StageFootprint) -> u64| summary.stages.iter().map(f).sum::<u64>();
             assert_eq!(sum(|s| s.parameters), summary.parameters);
             assert_eq!(sum(|s| s.mult_adds), summary.mult_adds);
             assert_eq!(

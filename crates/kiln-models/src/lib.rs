@@ -10,7 +10,7 @@ mod resnet;
 pub mod weights;
 
 pub use batch_norm::{BatchNorm2d, synchronized};
-pub use footprint::{Footprint, Stage, Summary};
+pub use footprint::{Footprint, StageFootprint, Summary};
 pub use precision::Precision;
 pub use resnet::{
     BasicBlock, Block, BlockKind, Bottleneck, Downsample, ResNet, ResNetConfig, Stem, architecture,

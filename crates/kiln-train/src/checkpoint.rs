@@ -77,7 +77,7 @@ pub struct EpochSums {
     pub grad_norm_steps: usize,
 }
 
-fn recorder() -> NamedMpkFileRecorder<FullPrecisionSettings> {
+fn named_mpk() -> NamedMpkFileRecorder<FullPrecisionSettings> {
     NamedMpkFileRecorder::new()
 }
 
@@ -101,14 +101,14 @@ pub fn save<B: AutodiffBackend>(
         std::fs::create_dir_all(&staging).map_err(|e| e.to_string())?;
         model
             .clone()
-            .save_file(staging.join("model"), &recorder())
+            .save_file(staging.join("model"), &named_mpk())
             .map_err(|e| e.to_string())?;
         optimizer
             .save(&staging.join("optimizer"))
             .map_err(|e| e.to_string())?;
         if let Some(ema) = ema {
             ema.clone()
-                .save_file(staging.join(EMA), &recorder())
+                .save_file(staging.join(EMA), &named_mpk())
                 .map_err(|e| e.to_string())?;
         }
         let state = serde_json::to_vec_pretty(position).map_err(|e| e.to_string())?;
@@ -309,7 +309,7 @@ pub fn load<B: AutodiffBackend>(
         reason,
     };
     let model = model
-        .load_file(path.join("model"), &recorder(), device)
+        .load_file(path.join("model"), &named_mpk(), device)
         .map_err(|e| read(e.to_string()))?;
     // Each parameter's state goes to its group, found by the loaded model's ids.
     let mut optimizer = optimizer;
@@ -332,7 +332,7 @@ pub fn load_ema<B: Backend>(
         return Ok(None);
     }
     average
-        .load_file(file, &recorder(), device)
+        .load_file(file, &named_mpk(), device)
         .map(Some)
         .map_err(|e| CheckpointError::Read {
             path: path.to_path_buf(),

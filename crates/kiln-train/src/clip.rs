@@ -8,7 +8,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::config::OptimizerConfig;
+use kiln_config::config::OptimizerConfig;
 
 /// `clip_grad_norm_`'s guard against a zero norm.
 const EPS: f64 = 1e-6;

@@ -3,12 +3,12 @@
 //! epochs. The verdict is a function of the run's history alone, so a resumed run stops where
 //! an uninterrupted one would.
 
-use crate::config::{EarlyStoppingSection, StoppingMetric};
-use crate::epoch::EpochSummary;
+use kiln_config::config::{EarlyStoppingConfig, StoppingMetric};
+use kiln_records::epoch::EpochSummary;
 
 /// Why the run should stop after the last epoch of `history`, or `None` to go on. An epoch
 /// without the metric (no validation set) neither improves nor counts.
-pub fn verdict(rule: &EarlyStoppingSection, history: &[EpochSummary]) -> Option<EarlyStop> {
+pub fn verdict(rule: &EarlyStoppingConfig, history: &[EpochSummary]) -> Option<EarlyStop> {
     let sign = if rule.higher_is_better() { 1.0 } else { -1.0 };
     let mut best: Option<(f64, usize)> = None;
     let mut waited = 0;
@@ -68,8 +68,8 @@ impl std::fmt::Display for EarlyStop {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::StoppingMode;
     use StoppingMetric::{EmaValLoss, ValLoss, ValTop1};
+    use kiln_config::config::StoppingMode;
 
     fn history(top1: &[Option<f64>]) -> Vec<EpochSummary> {
         top1.iter()
@@ -83,8 +83,8 @@ mod tests {
             .collect()
     }
 
-    fn rule(metric: StoppingMetric, patience: usize, min_delta: f64) -> EarlyStoppingSection {
-        EarlyStoppingSection {
+    fn rule(metric: StoppingMetric, patience: usize, min_delta: f64) -> EarlyStoppingConfig {
+        EarlyStoppingConfig {
             metric,
             patience,
             min_delta,
@@ -111,7 +111,7 @@ mod tests {
         // Losses go down by default; `mode` overrides the direction.
         let loss = verdict(&rule(ValLoss, 3, 0.01), &h).unwrap();
         assert_eq!(loss.best_epoch, 2);
-        let upside_down = EarlyStoppingSection {
+        let upside_down = EarlyStoppingConfig {
             mode: Some(StoppingMode::Max),
             ..rule(ValLoss, 2, 0.0)
         };

@@ -11,15 +11,15 @@ use kiln_backend::MemoryMeter;
 use kiln_models::{Precision, ResNetConfig, Stem};
 
 use crate::error::{TrainError, io_error};
-use crate::events::{Observer, Outcome};
+use crate::events::{Observer, RunEnd};
 use crate::limits::{Limits, out_of_memory};
 use crate::panics;
-use crate::parallel::Placement;
-use crate::run_dir::RunDir;
-use crate::settle::Settled;
+use crate::replicas::Placement;
 use crate::trainer::{Context, Trainer};
+use kiln_config::settle::Settled;
+use kiln_records::run_dir::RunDir;
 
-/// Trains the settled config (see [`crate::settle`]) on the devices (and machines) of
+/// Trains the settled config (see [`kiln_config::settle`]) on the devices (and machines) of
 /// `placement`, writing into `run`. With `resume`, continues from the run's latest checkpoint.
 /// `memory` measures the first device for each epoch's summary. `stop` (set by Ctrl-C) ends the
 /// run after the current step with a checkpoint. A device that runs out of memory ends the run
@@ -32,12 +32,13 @@ pub fn train<B: AutodiffBackend>(
     memory: &mut MemoryMeter,
     observer: &mut dyn Observer,
     stop: &AtomicBool,
-) -> Result<Outcome, TrainError> {
+) -> Result<RunEnd, TrainError> {
     let config = &settled.config;
     check_precision::<B>(config.precision(), &placement.devices[0])?;
     kiln_kernels::set_tf32(config.device.tf32);
-    if settled.changed {
-        // A resumed run reads the settled config back: it keeps its batch.
+    if !resume || settled.changed {
+        // The run folder's config is the settled one; a resumed run reads it back, so it keeps
+        // its batch.
         run.record_config(config).map_err(io_error(&run.path))?;
     }
     let limits = Limits::of(settled);
@@ -60,7 +61,7 @@ pub fn train<B: AutodiffBackend>(
 }
 
 /// The epoch loop.
-fn epochs<B: AutodiffBackend>(mut trainer: Trainer<'_, B>) -> Result<Outcome, TrainError> {
+fn epochs<B: AutodiffBackend>(mut trainer: Trainer<'_, B>) -> Result<RunEnd, TrainError> {
     for epoch in trainer.position.epoch..trainer.config.epochs {
         if let Some(early) = trainer.early_stop() {
             return trainer.finish(Some(early));

@@ -9,7 +9,7 @@ use kiln_models::pretrained::PretrainedError;
 use kiln_models::weights::WeightsError;
 
 use crate::checkpoint::CheckpointError;
-use crate::plan::{self, PlanError};
+use kiln_config::plan::{self, PlanError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {

@@ -6,11 +6,20 @@ use std::path::{Path, PathBuf};
 use kiln_data::DataError;
 
 use crate::early_stopping::EarlyStop;
-use crate::epoch::EpochSummary;
-use crate::plan::{self, Budget};
+use kiln_config::plan::{self, MemoryBudget};
+use kiln_records::epoch::EpochSummary;
 
 /// What the engine reports as it goes.
 pub enum Event<'a> {
+    /// The run is open on its devices, before anything is settled or loaded: the devices as
+    /// people know them, notes about them (no cuDNN on CUDA, ...), whether they compile kernels
+    /// on first use (a GPU: the first step then includes it), and `logging.print_every`.
+    Opened {
+        device: &'a str,
+        notes: &'a [String],
+        compiles_kernels: bool,
+        print_every: usize,
+    },
     Started {
         run_dir: &'a Path,
         train_images: usize,
@@ -43,7 +52,7 @@ pub enum Event<'a> {
         auto: Option<plan::AutoBatch>,
         per_device: usize,
         estimate_bytes: Option<u64>,
-        budget: Option<Budget>,
+        budget: Option<MemoryBudget>,
     },
     Skipped(&'a DataError),
     Epoch(&'a EpochSummary),
@@ -84,7 +93,7 @@ impl Observer for Silent {
 /// How a run ended without error (returned once per run: its size does not matter).
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
-pub enum Outcome {
+pub enum RunEnd {
     Finished {
         last: Option<EpochSummary>,
         model: PathBuf,

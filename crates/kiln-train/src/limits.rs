@@ -1,18 +1,18 @@
 //! The memory a run is held to: the plan and budget that settling found, `max_memory`, and the
 //! errors for a run that went over them.
 
-use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::events::Event;
 use crate::panics::OutOfMemory;
-use crate::plan::{self, Budget, Plan};
-use crate::settle::Settled;
+use kiln_config::config::TrainConfig;
+use kiln_config::plan::{self, MemoryBudget, Plan};
+use kiln_config::settle::Settled;
 
 /// The memory side of a run: the plan (when the config allows one) and the limits a step
 /// is held to.
 pub struct Limits<'a> {
     pub plan: Option<&'a Plan>,
-    pub budget: Option<Budget>,
+    pub budget: Option<MemoryBudget>,
     pub max_memory: Option<u64>,
 }
 

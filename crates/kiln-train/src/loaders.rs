@@ -1,14 +1,17 @@
 //! The loaders a config describes: the training loader (this machine's share of each batch)
 //! and the validation loader.
 
-use kiln_data::{DataError, Loader, LoaderConfig, Pipeline, Shard};
+use kiln_data::{BatchShare, DataError, Loader, LoaderConfig, Pipeline};
 
-use crate::config::TrainConfig;
-use crate::parallel::Placement;
+use crate::replicas::Placement;
+use kiln_config::config::TrainConfig;
 
-/// The train and validation loaders the config describes; the train loader loads `shard` of
+/// The train and validation loaders the config describes; the train loader loads `share` of
 /// each batch.
-pub fn loaders(config: &TrainConfig, shard: Shard) -> Result<(Loader, Option<Loader>), DataError> {
+pub fn open(
+    config: &TrainConfig,
+    share: BatchShare,
+) -> Result<(Loader, Option<Loader>), DataError> {
     let data = &config.data;
     let limits = data.image_limits();
     let batch_size = config.batch_size.fixed().ok_or_else(|| {
@@ -25,7 +28,7 @@ pub fn loaders(config: &TrainConfig, shard: Shard) -> Result<(Loader, Option<Loa
         prefetch: data.prefetch,
         seed: config.seed,
         on_bad_image: data.on_bad_image,
-        shard,
+        share,
         mixing: mixing.map(|m| m.mixing(config.loss.label_smoothing, classes)),
     };
     let train = Loader::new(
@@ -36,7 +39,7 @@ pub fn loaders(config: &TrainConfig, shard: Shard) -> Result<(Loader, Option<Loa
     let val_config = LoaderConfig {
         shuffle: false,
         drop_last: false,
-        shard: Shard::WHOLE,
+        share: BatchShare::WHOLE,
         mixing: None,
         ..loader_config
     };
@@ -55,12 +58,12 @@ pub fn loaders(config: &TrainConfig, shard: Shard) -> Result<(Loader, Option<Loa
 }
 
 /// The part of each batch this machine loads: all of it, or its share on a multi-machine run.
-pub fn shard<D>(placement: &Placement<D>) -> Shard {
+pub fn share<D>(placement: &Placement<D>) -> BatchShare {
     match &placement.cluster {
-        Some(cluster) => Shard {
+        Some(cluster) => BatchShare {
             index: cluster.rank,
             count: cluster.nodes,
         },
-        None => Shard::WHOLE,
+        None => BatchShare::WHOLE,
     }
 }

@@ -10,18 +10,19 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use burn::tensor::backend::AutodiffBackend;
-use kiln_data::Shard;
+use kiln_data::BatchShare;
 use kiln_models::weights;
 use serde::Serialize;
 
 use crate::batch::to_device;
-use crate::config::TrainConfig;
 use crate::error::TrainError;
-use crate::loaders::loaders;
+use crate::loaders;
 use crate::optim::AnyOptimizer;
 use crate::param_groups::ParamGroups;
-use crate::run_dir::{line_plot, write_atomically};
 use crate::step::{Replica, StepPlan, build_model, loss_function};
+use kiln_config::config::TrainConfig;
+use kiln_records::plot::{Chart, PALETTE, Series, Style, XAxis, YFormat};
+use kiln_records::run_dir::write_atomically;
 
 /// The range and the stopping rule.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,14 +88,14 @@ pub struct LrFind {
 }
 
 /// Runs the range test on `device`; `progress` hears each step's point.
-pub fn lr_find<B: AutodiffBackend>(
+pub fn run<B: AutodiffBackend>(
     config: &TrainConfig,
     options: &LrFindOptions,
     device: &B::Device,
     mut progress: impl FnMut(usize, &LrPoint),
 ) -> Result<LrFind, TrainError> {
     B::seed(device, config.seed);
-    let (train, _) = loaders(config, Shard::WHOLE)?;
+    let (train, _) = loaders::open(config, BatchShare::WHOLE)?;
     let classes = train.dataset().classes().len();
     let model =
         build_model::<B>(&config.model, classes, device)?.with_precision(config.precision());
@@ -208,16 +209,25 @@ pub fn write_files(result: &LrFind, dir: &Path) -> std::io::Result<[PathBuf; 2]>
         Some(lr) => format!("learning-rate range test: suggested {lr:.2e}"),
         None => "learning-rate range test".to_string(),
     };
-    line_plot(
-        &svg_path,
-        &title,
-        "log10 learning rate",
-        &[
-            ("loss", line(|p| p.loss)),
-            ("smoothed", line(|p| p.smoothed)),
+    let chart = Chart {
+        title: &title,
+        x_axis: XAxis::Values("log10 learning rate"),
+        y_label: "loss",
+        y_format: YFormat::Plain,
+        series: vec![
+            Series {
+                name: "loss".into(),
+                points: line(|p| p.loss),
+                style: Style::faint(PALETTE[0]),
+            },
+            Series {
+                name: "smoothed".into(),
+                points: line(|p| p.smoothed),
+                style: Style::line(PALETTE[0]),
+            },
         ],
-    )
-    .map_err(|e| std::io::Error::other(e.to_string()))?;
+    };
+    write_atomically(&svg_path, chart.svg().as_bytes())?;
     Ok([csv_path, svg_path])
 }
 

@@ -9,11 +9,11 @@ use kiln_data::HostBatch;
 use serde::Serialize;
 
 use crate::batch::to_device;
-use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::optim::AnyOptimizer;
-use crate::plan::Plan;
 use crate::step::{Replica, StepPlan, build_model, loss_function};
+use kiln_config::config::TrainConfig;
+use kiln_config::plan::Plan;
 
 /// The peak that `steps` real training steps of `plan`'s micro-batch took on `device`, above
 /// what was in use before: the figure the estimate is checked against.
@@ -27,7 +27,7 @@ pub struct Measured {
 /// Trains `steps` steps on random images of the plan's size (the engine's own step, with the
 /// config's optimizer and accumulation; no pretrained weights) and reads the peak from
 /// `memory`. `None` where the device cannot report memory.
-pub fn measure<B: AutodiffBackend>(
+pub fn peak<B: AutodiffBackend>(
     config: &TrainConfig,
     plan: &Plan,
     per_device: usize,

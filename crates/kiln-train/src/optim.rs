@@ -22,8 +22,8 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::clip::Clipping;
-use crate::config::{OptimizerConfig, OptimizerName};
 use crate::param_groups::ParamGroups;
+use kiln_config::config::{OptimizerConfig, OptimizerName};
 
 /// One of the three optimizers, chosen by the config at run time, one per parameter group,
 /// and how the gradients it is given are clipped first (see [`crate::clip`]).
@@ -45,7 +45,7 @@ enum Rule<M: AutodiffModule<B>, B: AutodiffBackend> {
     AdamW(Vec<OptimizerAdaptor<AdamW, M, B>>),
 }
 
-fn recorder() -> NamedMpkFileRecorder<FullPrecisionSettings> {
+fn named_mpk() -> NamedMpkFileRecorder<FullPrecisionSettings> {
     NamedMpkFileRecorder::new()
 }
 
@@ -139,9 +139,9 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> AnyOptimizer<M, B> {
     pub fn save(&self, path: &Path) -> Result<(), RecorderError> {
         let path = path.to_path_buf();
         match &self.rule {
-            Rule::Sgd(o) => recorder().record(merged(o), path),
-            Rule::Adam(o) => recorder().record(merged(o), path),
-            Rule::AdamW(o) => recorder().record(merged(o), path),
+            Rule::Sgd(o) => named_mpk().record(merged(o), path),
+            Rule::Adam(o) => named_mpk().record(merged(o), path),
+            Rule::AdamW(o) => named_mpk().record(merged(o), path),
         }
     }
 
@@ -151,9 +151,9 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> AnyOptimizer<M, B> {
         let path = path.to_path_buf();
         let group = |id: &ParamId| self.members.get(id).copied().unwrap_or(0);
         let rule = match self.rule {
-            Rule::Sgd(o) => Rule::Sgd(shared_out(o, recorder().load(path, device)?, group)),
-            Rule::Adam(o) => Rule::Adam(shared_out(o, recorder().load(path, device)?, group)),
-            Rule::AdamW(o) => Rule::AdamW(shared_out(o, recorder().load(path, device)?, group)),
+            Rule::Sgd(o) => Rule::Sgd(shared_out(o, named_mpk().load(path, device)?, group)),
+            Rule::Adam(o) => Rule::Adam(shared_out(o, named_mpk().load(path, device)?, group)),
+            Rule::AdamW(o) => Rule::AdamW(shared_out(o, named_mpk().load(path, device)?, group)),
         };
         Ok(Self { rule, ..self })
     }

@@ -124,6 +124,57 @@ pub fn will_be_caught(payload: &(dyn Any + Send)) -> bool {
             && message(payload).is_some_and(|m| is_out_of_memory(&m))
 }
 
+/// The panic hook of kiln's programs: the binary installs it first thing, and an example or a
+/// test that trains may too, to report as the binary does. A panic that kiln turns into an
+/// error (a device out of memory, a capability probe, a replica's thread, a machine that left
+/// the run) is recorded for that error instead of printed. Any other prints one line naming
+/// its thread (`RUST_BACKTRACE` set: the default report instead); one on a GPU runtime's
+/// thread ends the process, since cubecl only logs it there and whoever waits for that thread's
+/// answer would wait forever.
+pub fn install_hook() {
+    let backtrace = std::env::var_os("RUST_BACKTRACE").is_some();
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("unnamed");
+        let first_line = first_line(info.payload());
+        if will_be_caught(info.payload()) || is_handled_thread(name) {
+            record_runtime_panic(&first_line);
+            return;
+        }
+        if is_network_thread(name) {
+            record_network_panic(&first_line);
+            return;
+        }
+        let runtime = is_runtime_thread(name);
+        if backtrace {
+            default(info);
+        } else if runtime {
+            eprintln!(
+                "error: the GPU runtime failed in thread '{name}': {first_line}; kiln cannot go on and ends the run here (RUST_LOG=debug shows more)"
+            );
+        } else {
+            eprintln!(
+                "error: kiln stopped unexpectedly in thread '{name}': {first_line}; this is a bug, please report it (RUST_BACKTRACE=1 shows where)"
+            );
+        }
+        if runtime {
+            std::process::exit(1);
+        }
+    }));
+}
+
+/// The first non-empty line of a panic's message (cubecl's begin with a newline).
+pub fn first_line(payload: &(dyn Any + Send)) -> String {
+    let message = message(payload).unwrap_or_else(|| "unknown cause".to_string());
+    message
+        .lines()
+        .map(str::trim)
+        .find(|line| !line.is_empty())
+        .unwrap_or("no message")
+        .to_string()
+}
+
 /// The text of a panic.
 pub(crate) fn message(payload: &(dyn Any + Send)) -> Option<String> {
     payload

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use burn::module::ParamId;
 
-use crate::config::{ModelSection, OptimizerConfig};
+use kiln_config::config::{ModelConfig, OptimizerConfig};
 
 /// A group's learning-rate factor and weight decay.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -58,7 +58,7 @@ impl ParamGroups {
     /// config's sections describe; an error names a selector that selects nothing.
     pub fn new(
         names: &[String],
-        model: &ModelSection,
+        model: &ModelConfig,
         optimizer: &OptimizerConfig,
     ) -> Result<Self, String> {
         let lists = [
@@ -157,7 +157,7 @@ impl ParamGroups {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::GroupSection;
+    use kiln_config::config::GroupConfig;
 
     fn names() -> Vec<String> {
         [
@@ -191,15 +191,15 @@ mod tests {
 
     #[test]
     fn groups_are_pytorchs_parameter_groups() {
-        let model = ModelSection {
+        let model = ModelConfig {
             freeze: vec!["conv1".into(), "bn1".into()],
             unfreeze_at_epoch: Some(3),
-            ..ModelSection::default()
+            ..ModelConfig::default()
         };
         let mut optimizer = OptimizerConfig::sgd(0.1);
         optimizer.weight_decay = Some(5e-4);
         optimizer.no_weight_decay = vec!["bn".into(), "bias".into()];
-        optimizer.groups = vec![GroupSection {
+        optimizer.groups = vec![GroupConfig {
             params: vec!["fc".into()],
             lr_scale: 10.0,
             weight_decay: Some(1e-3),
@@ -225,9 +225,9 @@ mod tests {
         assert!(!groups.freezes_batch_norm("bn1", false));
         assert!(!groups.freezes_batch_norm("layer1.0.bn1", true));
 
-        let wrong = ModelSection {
+        let wrong = ModelConfig {
             freeze: vec!["layer9".into()],
-            ..ModelSection::default()
+            ..ModelConfig::default()
         };
         let err = ParamGroups::new(&names(), &wrong, &optimizer).unwrap_err();
         assert!(
@@ -236,7 +236,7 @@ mod tests {
         );
         let plain = ParamGroups::new(
             &names(),
-            &ModelSection::default(),
+            &ModelConfig::default(),
             &OptimizerConfig::sgd(0.1),
         );
         assert!(plain.unwrap().is_plain());

@@ -1,6 +1,6 @@
 //! Watching a run: a progress bar per epoch on a terminal (loss, learning rate, images/s, ETA),
 //! plain lines elsewhere; running-loss lines every `print_every` iterations and at the first;
-//! an epoch summary. On a GPU, a notice that kernels are being compiled, and a heartbeat every
+//! an epoch summary. On a GPU, a notice that kernels are being compiled, and a ticker every
 //! 15 s until the first step ends, so that a long first compile never looks like a hang.
 
 use std::io::IsTerminal;
@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::epoch::EpochSummary;
 use crate::events::{Event, Observer};
-use crate::plan;
+use kiln_config::plan;
+use kiln_records::epoch::EpochSummary;
 
-/// How often the heartbeat speaks while the first step runs.
-const HEARTBEAT: Duration = Duration::from_secs(15);
+/// How often the ticker speaks while the first step runs.
+const FIRST_STEP_TICK: Duration = Duration::from_secs(15);
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -30,7 +30,7 @@ pub struct Console {
     window_images: usize,
     /// Whether the device compiles kernels on first use (CUDA, wgpu).
     compiles_kernels: bool,
-    heartbeat: Option<Heartbeat>,
+    ticker: Option<FirstStepTicker>,
     /// Lines about the device to show when the run starts (no cuDNN on CUDA, ...).
     notes: Vec<String>,
     /// The devices as people know them, shown when the run starts.
@@ -38,24 +38,24 @@ pub struct Console {
 }
 
 /// A thread that says every 15 s that the first step is still running.
-struct Heartbeat {
+struct FirstStepTicker {
     stopped: Arc<(Mutex<bool>, Condvar)>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl Heartbeat {
+impl FirstStepTicker {
     fn start() -> Self {
         let stopped = Arc::new((Mutex::new(false), Condvar::new()));
         let flag = stopped.clone();
         let start = Instant::now();
         let thread = std::thread::Builder::new()
-            .name("kiln-heartbeat".into())
+            .name("kiln-first-step".into())
             .spawn(move || {
                 let (lock, wake) = &*flag;
                 let mut done = lock.lock().unwrap_or_else(|e| e.into_inner());
                 while !*done {
                     let (guard, timeout) = wake
-                        .wait_timeout(done, HEARTBEAT)
+                        .wait_timeout(done, FIRST_STEP_TICK)
                         .unwrap_or_else(|e| e.into_inner());
                     done = guard;
                     if !*done && timeout.timed_out() {
@@ -71,7 +71,7 @@ impl Heartbeat {
     }
 }
 
-impl Drop for Heartbeat {
+impl Drop for FirstStepTicker {
     fn drop(&mut self) {
         let (lock, wake) = &*self.stopped;
         *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
@@ -82,33 +82,27 @@ impl Drop for Heartbeat {
     }
 }
 
+impl Default for Console {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Console {
-    /// Bars when standard error is a terminal, lines otherwise. `compiles_kernels`: the device
-    /// compiles its kernels on first use (a GPU), which the first step then includes.
-    pub fn new(print_every: usize, compiles_kernels: bool) -> Self {
+    /// Bars when standard error is a terminal, lines otherwise. What it shows of the devices
+    /// and how often it shows the loss come with the run's [`Event::Opened`].
+    pub fn new() -> Self {
         Self {
-            print_every: print_every.max(1),
+            print_every: 1,
             bar: None,
             terminal: std::io::stderr().is_terminal(),
             replicas: 1,
             window_images: 0,
-            compiles_kernels,
-            heartbeat: None,
+            compiles_kernels: false,
+            ticker: None,
             notes: Vec::new(),
             device: None,
         }
-    }
-
-    /// Names the run's devices (as people know them) when the run starts.
-    pub fn with_device(mut self, name: String) -> Self {
-        self.device = Some(name);
-        self
-    }
-
-    /// Shows `notes` (one line each, about the device) when the run starts.
-    pub fn with_notes(mut self, notes: Vec<String>) -> Self {
-        self.notes = notes;
-        self
     }
 
     fn line(&self, text: String) {
@@ -169,7 +163,7 @@ impl Console {
         auto: Option<plan::AutoBatch>,
         per_device: usize,
         estimate_bytes: Option<u64>,
-        budget: Option<plan::Budget>,
+        budget: Option<plan::MemoryBudget>,
     ) {
         let batch = match auto {
             Some(_) => format!("batch_size \"auto\": {batch_size}"),
@@ -197,7 +191,7 @@ impl Console {
                 "compiling GPU kernels (the first run on this device takes longer; later runs reuse them)"
                     .into(),
             );
-            self.heartbeat = Some(Heartbeat::start());
+            self.ticker = Some(FirstStepTicker::start());
         }
     }
 
@@ -220,7 +214,7 @@ impl Console {
 
     /// A loss read from the device: the first step's line, then one every `print_every`.
     fn reading(&mut self, epoch: usize, iteration: usize, lr: f64, reading: crate::Reading) {
-        self.heartbeat = None;
+        self.ticker = None;
         let rate = self.window_images as f64 / reading.seconds.max(1e-9);
         self.window_images = 0;
         if iteration == 1 {
@@ -309,6 +303,17 @@ impl Console {
 impl Observer for Console {
     fn event(&mut self, event: Event<'_>) {
         match event {
+            Event::Opened {
+                device,
+                notes,
+                compiles_kernels,
+                print_every,
+            } => {
+                self.device = Some(device.to_string());
+                self.notes = notes.to_vec();
+                self.compiles_kernels = compiles_kernels;
+                self.print_every = print_every.max(1);
+            }
             Event::Started {
                 run_dir,
                 train_images,

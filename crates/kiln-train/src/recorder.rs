@@ -1,29 +1,28 @@
 //! Everything a run writes into its folder, behind one writer: the class names, every step's
 //! loss (`iterations.csv`), the running loss in TensorBoard, and at each epoch's end the history,
 //! the plots, the per-class files and mistakes, `report.html`, TensorBoard's epoch scalars and
-//! the checkpoint. The loop calls it; nothing else writes there.
+//! the checkpoint's moment. The loop hands it what to write; the checkpoints themselves are
+//! `checkpoint`'s, which replica 0 writes on its own thread.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use burn::module::AutodiffModule;
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::Backend;
 use kiln_data::Loader;
-use kiln_models::weights;
+use kiln_models::{ResNet, weights};
 
 use crate::checkpoint::{self, Position};
-use crate::config::TrainConfig;
-use crate::epoch::EpochSummary;
 use crate::error::{TrainError, io_error};
-use crate::evaluate::Evaluation;
 use crate::events::Reading;
-use crate::figures::Figures;
-use crate::iterations::{IterationLog, StepLoss};
-use crate::mistakes::{self, SHOWN};
-use crate::parallel::Replicas;
-use crate::report::{ReportInputs, report_html};
-use crate::run_dir::{RunDir, write_atomically};
 use crate::schedule::Schedule;
-use crate::tensorboard::EventWriter;
+use kiln_config::config::TrainConfig;
+use kiln_records::Evaluation;
+use kiln_records::epoch::EpochSummary;
+use kiln_records::figures::Figures;
+use kiln_records::iterations::{IterationLog, StepLoss};
+use kiln_records::mistakes::{self, SHOWN};
+use kiln_records::run_dir::{RunDir, summary_text, write_atomically};
+use kiln_records::run_report::{ReportInputs, report_html};
+use kiln_records::tensorboard::EventWriter;
 
 /// The writer of one run's folder.
 pub struct Recorder<'a> {
@@ -162,30 +161,12 @@ impl<'a> Recorder<'a> {
         Ok(html)
     }
 
-    /// Writes replica 0's model, optimizer state and weights' average with `position` as
-    /// checkpoint `name` (on replica 0's thread, where its tensors live).
-    pub fn checkpoint<B: AutodiffBackend>(
-        &self,
-        replicas: &mut Replicas<B>,
-        name: String,
-        position: &Position,
-    ) -> Result<PathBuf, TrainError> {
-        if let Some(log) = &self.steps {
-            // The steps the checkpoint resumes after are on disk before it is.
-            log.sync().map_err(io_error(&self.run.path))?;
+    /// Puts the steps that a checkpoint resumes after on disk before it is written.
+    pub fn before_checkpoint(&self) -> Result<(), TrainError> {
+        match &self.steps {
+            Some(log) => log.sync().map_err(io_error(&self.run.path)),
+            None => Ok(()),
         }
-        let (dir, mut position) = (self.run.checkpoints(), position.clone());
-        replicas.with_first(move |replica| {
-            position.ema_averaged = replica.ema.as_ref().map(|e| e.averaged);
-            Ok(checkpoint::save(
-                &dir,
-                &name,
-                replica.model(),
-                &replica.optimizer,
-                replica.ema.as_ref().map(|e| &e.model),
-                &position,
-            )?)
-        })
     }
 
     /// Keeps the last `keep_last` epoch checkpoints, the best one where asked, and the newest
@@ -199,32 +180,26 @@ impl<'a> Recorder<'a> {
     }
 
     /// Writes the weights the run exports (`model.safetensors`).
-    pub fn model<B: AutodiffBackend>(
-        &self,
-        replicas: &mut Replicas<B>,
-    ) -> Result<PathBuf, TrainError> {
+    pub fn model<B: Backend>(&self, weights: &ResNet<B>) -> Result<PathBuf, TrainError> {
         let path = self.run.model_path();
-        let average = ema_model(self.config, replicas)?;
-        match average.filter(|_| exports_ema(self.config)) {
-            Some(average) => weights::save_safetensors(&average, &path)?,
-            None => weights::save_safetensors(&replicas.model()?.valid(), &path)?,
-        }
+        weights::save_safetensors(weights, &path)?;
         Ok(path)
+    }
+
+    /// `summary.txt`, at the end of a run: where things are and how the run ended (`ending`
+    /// says why it ended early, if it did).
+    pub fn summary(
+        &self,
+        last: Option<&EpochSummary>,
+        model: &Path,
+        ending: Option<&str>,
+    ) -> Result<(), TrainError> {
+        let text = summary_text(self.config, self.run, last, model, ending);
+        self.run.write_summary(&text).map_err(self.io())
     }
 
     fn io(&self) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
         io_error(&self.run.path)
-    }
-}
-
-/// A copy of the weights' average from replica 0, where the run keeps one.
-pub fn ema_model<B: AutodiffBackend>(
-    config: &TrainConfig,
-    replicas: &mut Replicas<B>,
-) -> Result<Option<kiln_models::ResNet<B::InnerBackend>>, TrainError> {
-    match config.ema {
-        Some(_) => replicas.with_first(|r| Ok(r.ema.as_ref().map(|e| e.model.clone()))),
-        None => Ok(None),
     }
 }
 

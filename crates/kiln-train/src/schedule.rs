@@ -3,7 +3,7 @@
 
 use std::f64::consts::PI;
 
-use crate::config::{ScheduleConfig, ScheduleName};
+use kiln_config::config::{ScheduleConfig, ScheduleName};
 
 #[derive(Debug, Clone)]
 pub struct Schedule {

@@ -23,16 +23,16 @@ use kiln_models::{Precision, ResNet};
 use crate::batch::DeviceBatch;
 use crate::clip::clip_gradients;
 use crate::collective::{all_reduce_gradients, sum_over_peers};
-use crate::config::{ModelSection, TrainConfig};
 use crate::ema::Ema;
 use crate::error::{ParallelError, TrainError};
 use crate::optim::AnyOptimizer;
 use crate::scaler::LossScaler;
+use kiln_config::config::{ModelConfig, TrainConfig};
 
 /// The ResNet of the model section, with pretrained weights if asked for. A pretrained
 /// classifier for another class count is left out, so fine-tuning starts with a fresh `fc`.
 pub fn build_model<B: Backend>(
-    section: &ModelSection,
+    section: &ModelConfig,
     data_classes: usize,
     device: &B::Device,
 ) -> Result<ResNet<B>, TrainError> {
@@ -214,11 +214,10 @@ impl<B: AutodiffBackend> Replica<B> {
         (model, std::mem::replace(&mut self.optimizer, new_optimizer))
     }
 
-    /// One optimizer step over `batches` (one, or `accumulate` of them): for each, forward, loss
-    /// weighted by its share of the step's images, backward; the gradients summed (only when
-    /// there are several), all-reduced with the other replicas, clipped if the optimizer says
-    /// so, then the update. Reads nothing from the device (f16's overflow check, after the
-    /// backward pass, aside).
+    /// One optimizer step over `batches` (one, or `accumulate` of them), as torchvision's
+    /// `train_one_epoch` takes one: forward, loss and backward for each batch, the gradients
+    /// summed over the batches, reduced over the replicas, clipped, then the update. Reads
+    /// nothing from the device (f16's overflow check, after the backward pass, aside).
     pub fn step(
         &mut self,
         batches: Vec<DeviceBatch<B>>,
@@ -228,10 +227,33 @@ impl<B: AutodiffBackend> Replica<B> {
         if plan.frozen != self.frozen {
             self.set_frozen(plan.frozen);
         }
-        let model = self
-            .model
-            .take()
-            .expect("a replica holds its model between steps");
+        let model = (self.model.take()).expect("a replica holds its model between steps");
+        let (grads, losses) = self.backward(&model, batches, plan);
+        let grads = self.reduce(&model, grads, plan)?;
+        let (grads, grad_norm) = self.clip(&model, grads);
+        self.model = Some(match grads {
+            Some(grads) if plan.images > 0 => self.optimizer.step(lr, model, grads),
+            // No images this step, or f16 gradients that overflowed: no update.
+            _ => model,
+        });
+        self.pending.push(PendingStep {
+            images: plan.images,
+            batches: losses,
+            grad_norm,
+        });
+        Ok(())
+    }
+
+    /// Forward, loss and backward of each batch, its loss weighted by its share of the step's
+    /// images (so that the summed gradient is the mean loss's); the gradients summed over the
+    /// batches (only when there are several: `accumulate` > 1). Returns them with each batch's
+    /// loss and correct count, on the device.
+    fn backward(
+        &self,
+        model: &ResNet<B>,
+        batches: Vec<DeviceBatch<B>>,
+        plan: &StepPlan,
+    ) -> (Option<GradientsParams>, Vec<Pending<B::InnerBackend>>) {
         let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale);
         let mut grads: Option<GradientsParams> = None;
         let mut accumulator: Option<GradientsAccumulator<ResNet<B>>> = None;
@@ -241,20 +263,8 @@ impl<B: AutodiffBackend> Replica<B> {
             if n == 0 {
                 continue;
             }
-            let synced = (plan.peer, plan.sync_bn.get(index).copied().flatten());
-            let logits = match synced {
-                (Some(peer), Some(images)) => kiln_models::synchronized(
-                    move |x: Tensor<B, 2>| sum_over_peers(x, peer),
-                    images,
-                    || model.forward(batch.images),
-                ),
-                _ => model.forward(batch.images),
-            };
-            let correct = count_correct(logits.clone().inner(), batch.labels.clone().inner());
-            let loss = match batch.targets {
-                Some(targets) => soft_cross_entropy(logits, targets),
-                None => self.loss_fn.forward(logits, batch.labels),
-            };
+            let synced = plan.peer.zip(plan.sync_bn.get(index).copied().flatten());
+            let (loss, correct) = self.forward(model, batch, synced);
             pending.push(Pending {
                 images: n,
                 loss: loss.clone().inner(),
@@ -263,56 +273,83 @@ impl<B: AutodiffBackend> Replica<B> {
             let weight = plan.batch_weights.get(index).copied();
             let share = weight.unwrap_or(n as f64) / plan.weight;
             let batch_grads =
-                GradientsParams::from_grads((loss * (share * scale)).backward(), &model);
-            // A gradient sum only when a step has several batches (`accumulate` > 1).
+                GradientsParams::from_grads((loss * (share * scale)).backward(), model);
             match (grads.take(), accumulator.as_mut()) {
                 (None, None) => grads = Some(batch_grads),
                 (first, _) => {
                     let sum = accumulator.get_or_insert_with(GradientsAccumulator::new);
                     if let Some(first) = first {
-                        sum.accumulate(&model, first);
+                        sum.accumulate(model, first);
                     }
-                    sum.accumulate(&model, batch_grads);
+                    sum.accumulate(model, batch_grads);
                 }
             }
         }
-        let mut grads = match accumulator {
-            Some(mut sum) => Some(sum.grads()),
-            None => grads,
+        match accumulator {
+            Some(mut sum) => (Some(sum.grads()), pending),
+            None => (grads, pending),
+        }
+    }
+
+    /// One batch through the model (its batch norms summing statistics over the replicas where
+    /// `synced` gives the peer and the batch's images on all of them): the loss, against mixup's
+    /// soft targets or by the config's cross-entropy, and the count of correct predictions.
+    fn forward(
+        &self,
+        model: &ResNet<B>,
+        batch: DeviceBatch<B>,
+        synced: Option<(PeerId, usize)>,
+    ) -> (Tensor<B, 1>, Tensor<B::InnerBackend, 1, Int>) {
+        let logits = match synced {
+            Some((peer, images)) => kiln_models::synchronized(
+                move |x: Tensor<B, 2>| sum_over_peers(x, peer),
+                images,
+                || model.forward(batch.images),
+            ),
+            None => model.forward(batch.images),
         };
+        let correct = count_correct(logits.clone().inner(), batch.labels.clone().inner());
+        let loss = match batch.targets {
+            Some(targets) => soft_cross_entropy(logits, targets),
+            None => self.loss_fn.forward(logits, batch.labels),
+        };
+        (loss, correct)
+    }
+
+    /// The step's gradients as the update takes them: summed over every replica and machine
+    /// (a replica without images this step sends zeros, so every peer makes the same calls),
+    /// f16's loss scale taken out (none where they overflowed), frozen parameters dropped
+    /// (autodiff computed theirs all the same).
+    fn reduce(
+        &mut self,
+        model: &ResNet<B>,
+        mut grads: Option<GradientsParams>,
+        plan: &StepPlan,
+    ) -> Result<Option<GradientsParams>, ParallelError> {
         if let Some(peer) = plan.peer {
-            // A replica without images this step sends zeros, so every peer makes the same calls.
-            let local = grads.unwrap_or_else(GradientsParams::new);
-            grads = Some(all_reduce_gradients(&model, local, peer)?);
+            let local = grads.unwrap_or_default();
+            grads = Some(all_reduce_gradients(model, local, peer)?);
         }
         if let Some(scaler) = &mut self.scaler {
-            grads = grads.and_then(|g| scaler.unscale(&model, g));
+            grads = grads.and_then(|g| scaler.unscale(model, g));
         }
-        // Frozen parameters have no gradient (autodiff computed theirs all the same).
-        grads = grads.map(|g| self.optimizer.trainable(&model, g));
-        let mut grad_norm = None;
-        if let Some(unclipped) = grads.take() {
-            grads = Some(match self.optimizer.clipping.is_on() {
-                true => {
-                    let (clipped, norm) =
-                        clip_gradients(&model, unclipped, self.optimizer.clipping);
-                    grad_norm = norm;
-                    clipped
-                }
-                false => unclipped,
-            });
+        Ok(grads.map(|g| self.optimizer.trainable(model, g)))
+    }
+
+    /// The gradients clipped as the optimizer section says (`clip_grad_norm` or
+    /// `clip_grad_value`), with their norm before clipping, where clipping is on.
+    fn clip(
+        &self,
+        model: &ResNet<B>,
+        grads: Option<GradientsParams>,
+    ) -> (Option<GradientsParams>, Option<Tensor<B::InnerBackend, 1>>) {
+        match grads {
+            Some(grads) if self.optimizer.clipping.is_on() => {
+                let (clipped, norm) = clip_gradients(model, grads, self.optimizer.clipping);
+                (Some(clipped), norm)
+            }
+            grads => (grads, None),
         }
-        self.model = Some(match grads {
-            Some(grads) if plan.images > 0 => self.optimizer.step(lr, model, grads),
-            // No images this step, or f16 gradients that overflowed: no update.
-            _ => model,
-        });
-        self.pending.push(PendingStep {
-            images: plan.images,
-            batches: pending,
-            grad_norm,
-        });
-        Ok(())
     }
 
     /// Moves the weights' average towards the model (see [`Ema::update`]); in `warming_up`,

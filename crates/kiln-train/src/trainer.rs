@@ -15,23 +15,24 @@ use kiln_data::{Batches, DataError, Dataset, HostBatch, Loader};
 use kiln_models::{ResNet, weights};
 
 use crate::checkpoint::{self, EpochSums, Position};
-use crate::config::{ClassWeights, TrainConfig, Tta};
 use crate::early_stopping::{self, EarlyStop};
 use crate::ema::Ema;
-use crate::epoch::EpochSummary;
 use crate::error::TrainError;
-use crate::evaluate::{Evaluation, evaluate};
-use crate::events::{Event, Observer, Outcome, Reading};
-use crate::iterations::StepLoss;
+use crate::evaluate::evaluate;
+use crate::events::{Event, Observer, Reading, RunEnd};
 use crate::limits::{Limits, over_memory};
-use crate::loaders::{loaders, shard};
+use crate::loaders;
 use crate::optim::AnyOptimizer;
-use crate::parallel::{Asks, Placement, Replicas};
 use crate::param_groups::ParamGroups;
-use crate::recorder::{Recorder, ema_model, exported_top1, exports_ema};
-use crate::run_dir::RunDir;
+use crate::recorder::{Recorder, exported_top1, exports_ema};
+use crate::replicas::{Placement, Replicas, StepRequests};
 use crate::schedule::Schedule;
 use crate::step::{StepStats, build_model, loss_function};
+use kiln_config::config::{ClassWeights, TrainConfig, Tta};
+use kiln_records::Evaluation;
+use kiln_records::epoch::EpochSummary;
+use kiln_records::iterations::StepLoss;
+use kiln_records::run_dir::RunDir;
 
 /// What a run borrows from its caller for its whole length.
 pub struct Context<'a> {
@@ -78,7 +79,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
     ) -> Result<Self, TrainError> {
         let device = placement.devices[0].clone();
         B::seed(&device, config.seed);
-        let (train_loader, val_loader) = loaders(config, shard(&placement))?;
+        let (train_loader, val_loader) = loaders::open(config, loaders::share(&placement))?;
         let devices = describe_devices::<B>(&placement, cx.device);
         let mut recorder = Recorder::new(config, cx.run, devices);
         recorder.classes(train_loader.dataset().classes())?;
@@ -147,7 +148,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             .epoch_from(epoch as u64, self.position.batch);
         // Each step's batches are uploaded while the step before runs (see `load_next`).
         let mut loaded = self.load_next(&mut host)?;
-        let mut window = Window::from_now();
+        let mut window = SinceReading::from_now();
         while let Some(step) = loaded {
             if std::mem::take(&mut self.first_step) {
                 self.cx.observer.event(Event::FirstStep);
@@ -208,14 +209,20 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
     }
 
     /// Writes the exported weights and ends the replicas' threads (and the collective).
-    pub fn finish(mut self, early_stop: Option<EarlyStop>) -> Result<Outcome, TrainError> {
+    pub fn finish(mut self, early_stop: Option<EarlyStop>) -> Result<RunEnd, TrainError> {
         if let Some(stop) = &early_stop {
             self.cx.observer.event(Event::StoppedEarly(stop));
         }
-        let model = self.recorder.model(&mut self.replicas)?;
+        let average = ema_model(self.config, &mut self.replicas)?;
+        let model = match average.filter(|_| exports_ema(self.config)) {
+            Some(average) => self.recorder.model(&average)?,
+            None => self.recorder.model(&self.replicas.model()?.valid())?,
+        };
         self.replicas.finish()?;
         self.cx.observer.event(Event::Finished { model: &model });
-        Ok(Outcome::Finished {
+        let ending = early_stop.as_ref().map(ToString::to_string);
+        (self.recorder).summary(self.history.last(), &model, ending.as_deref())?;
+        Ok(RunEnd::Finished {
             last: self.history.last().cloned(),
             model,
             early_stop,
@@ -223,19 +230,19 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
     }
 
     /// Ends a run stopped at `checkpoint`, once every machine has written its own.
-    pub fn stopped(self, checkpoint: PathBuf) -> Result<Outcome, TrainError> {
+    pub fn stopped(self, checkpoint: PathBuf) -> Result<RunEnd, TrainError> {
         self.replicas.finish()?;
         self.cx.observer.event(Event::Stopped(&checkpoint));
-        Ok(Outcome::Stopped { checkpoint })
+        Ok(RunEnd::Stopped { checkpoint })
     }
 
     /// Queues one optimizer step on every replica. On several machines, what any of them asks
     /// (a Ctrl-C, its clock) holds for all: the answer is what they agreed.
-    fn step(&mut self, step: &Loaded) -> Result<Asks, TrainError> {
+    fn step(&mut self, step: &UploadedCounts) -> Result<StepRequests, TrainError> {
         self.position.batch += step.batches;
         self.position.sums.skipped += step.skipped;
         self.lr = self.schedule.lr(self.position.iteration);
-        let asks = Asks {
+        let asks = StepRequests {
             stop: self.cx.stop.load(Ordering::SeqCst),
             checkpoint: self.minutes_due(),
         };
@@ -247,8 +254,8 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
     fn report_step(
         &mut self,
         epoch: usize,
-        step: &Loaded,
-        window: &mut Window,
+        step: &UploadedCounts,
+        window: &mut SinceReading,
         due: bool,
     ) -> Result<(), TrainError> {
         let iteration = self.position.iteration;
@@ -278,11 +285,11 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
     /// Takes the next step's loader batches (`None` when the epoch is over) and uploads them
     /// to the replicas. Called right after a step is queued, so that on a GPU the upload and
     /// the loader's work overlap the step's kernels.
-    fn load_next(&mut self, host: &mut Batches) -> Result<Option<Loaded>, TrainError> {
+    fn load_next(&mut self, host: &mut Batches) -> Result<Option<UploadedCounts>, TrainError> {
         let Some(batches) = next_step(host, self.config.accumulate, self.cx.observer)? else {
             return Ok(None);
         };
-        let loaded = Loaded {
+        let loaded = UploadedCounts {
             batches: batches.len(),
             images: batches.iter().map(|b| b.labels.len()).sum(),
             skipped: batches.iter().map(|b| b.skipped.len()).sum(),
@@ -293,7 +300,11 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
 
     /// Reads the losses and correct counts of the steps since the last reading (one transfer
     /// per device), adds them to the epoch's sums, and stops the run if a loss is not finite.
-    fn read_window(&mut self, window: &mut Window, epoch: usize) -> Result<Reading, TrainError> {
+    fn read_window(
+        &mut self,
+        window: &mut SinceReading,
+        epoch: usize,
+    ) -> Result<Reading, TrainError> {
         let stats: Vec<StepStats> = self.replicas.take_stats()?;
         let first_iteration = (self.position.iteration + 1).saturating_sub(stats.len());
         let per_epoch = self.schedule.iterations_per_epoch() as f64;
@@ -378,7 +389,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         let mut saved = self.position.clone();
         saved.sums.seconds += self.epoch_clock.elapsed().as_secs_f64();
         let name = format!("epoch-{:04}-batch-{:06}", epoch + 1, self.position.batch);
-        let path = self.recorder.checkpoint(&mut self.replicas, name, &saved)?;
+        let path = self.save(name, &saved)?;
         self.last_saved = Instant::now();
         Ok(path)
     }
@@ -391,11 +402,30 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             position.best_top1 = top1;
             position.best_checkpoint = Some(name.clone());
         }
-        let path = (self.recorder).checkpoint(&mut self.replicas, name, &self.position)?;
+        let path = self.save(name, &self.position.clone())?;
         self.recorder.prune(&self.position);
         self.last_saved = Instant::now();
         self.cx.observer.event(Event::Checkpoint(&path));
         Ok(())
+    }
+
+    /// Writes checkpoint `name` of `position`: replica 0's model, optimizer state and weights'
+    /// average, on its own thread (where its tensors live), once the steps it resumes after are
+    /// on disk.
+    fn save(&mut self, name: String, position: &Position) -> Result<PathBuf, TrainError> {
+        self.recorder.before_checkpoint()?;
+        let (dir, mut position) = (self.cx.run.checkpoints(), position.clone());
+        self.replicas.with_first(move |replica| {
+            position.ema_averaged = replica.ema.as_ref().map(|e| e.averaged);
+            Ok(checkpoint::save(
+                &dir,
+                &name,
+                replica.model(),
+                &replica.optimizer,
+                replica.ema.as_ref().map(|e| &e.model),
+                &position,
+            )?)
+        })
     }
 
     /// Whether `checkpoints.every_steps` asks for a checkpoint after this step.
@@ -520,7 +550,7 @@ fn start_ema<B: AutodiffBackend>(
 
 /// A step's loader batches, uploaded to the replicas: how many batches, images and skipped
 /// images it holds.
-struct Loaded {
+struct UploadedCounts {
     batches: usize,
     images: usize,
     skipped: usize,
@@ -545,14 +575,14 @@ fn next_step(
 }
 
 /// The steps since the last reading of the device.
-struct Window {
+struct SinceReading {
     steps: usize,
     images: usize,
     loss_sum: f64,
     start: Instant,
 }
 
-impl Window {
+impl SinceReading {
     fn from_now() -> Self {
         Self {
             steps: 0,
@@ -656,5 +686,16 @@ fn describe_devices<B: AutodiffBackend>(
     match &placement.cluster {
         Some(cluster) => format!("{devices} on each of {} machines", cluster.nodes),
         None => devices,
+    }
+}
+
+/// A copy of the weights' average from replica 0, where the run keeps one.
+fn ema_model<B: AutodiffBackend>(
+    config: &TrainConfig,
+    replicas: &mut Replicas<B>,
+) -> Result<Option<ResNet<B::InnerBackend>>, TrainError> {
+    match config.ema {
+        Some(_) => replicas.with_first(|r| Ok(r.ema.as_ref().map(|e| e.model.clone()))),
+        None => Ok(None),
     }
 }

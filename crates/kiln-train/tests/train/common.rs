@@ -9,11 +9,11 @@ use std::sync::{Mutex, MutexGuard};
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;
 use kiln_backend::MemoryMeter;
+use kiln_config::{DeviceFacts, SettleFor, TrainConfig, settle};
 use kiln_models::{ResNet, weights};
-use kiln_train::parallel::Placement;
-use kiln_train::{
-    Facts, Observer, Outcome, Purpose, RunDir, TrainConfig, TrainError, settle, train,
-};
+use kiln_records::RunDir;
+use kiln_train::replicas::Placement;
+use kiln_train::{Observer, RunEnd, TrainError, train};
 
 pub type B = Autodiff<Flex>;
 
@@ -42,17 +42,17 @@ pub fn train_on_cpu(
     replicas: usize,
     observer: &mut dyn Observer,
     stop: &AtomicBool,
-) -> Result<Outcome, TrainError> {
+) -> Result<RunEnd, TrainError> {
     let placement = Placement {
         devices: vec![Default::default(); replicas],
         cluster: None,
     };
-    let facts = Facts {
+    let facts = DeviceFacts {
         compiles_kernels: false,
         available_bytes: None,
         replicas: placement.peers(),
     };
-    let settled = settle(config, &facts, Purpose::Train)?;
+    let settled = settle(config, &facts, SettleFor::Training)?;
     train::<B>(
         &settled,
         run,

@@ -8,16 +8,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::backend::Flex;
 use common::{take_turn, train_on_cpu};
-use kiln_data::Shard;
+use kiln_config::TrainConfig;
+use kiln_config::config::Tta;
+use kiln_data::BatchShare;
 use kiln_models::weights;
+use kiln_records::run_dir;
+use kiln_records::tensorboard;
+use kiln_records::{EpochSummary, RunDir};
 use kiln_train::checkpoint::{self, Position};
-use kiln_train::config::Tta;
-use kiln_train::loaders::loaders;
+use kiln_train::loaders;
 use kiln_train::param_groups::selects;
-use kiln_train::run_dir;
 use kiln_train::step::build_model;
-use kiln_train::tensorboard;
-use kiln_train::{EpochSummary, Event, Observer, Outcome, RunDir, Silent, TrainConfig, evaluate};
+use kiln_train::{Event, Observer, RunEnd, Silent, evaluate};
 
 const CONFIG: &str = r#"
 name = "tiny"
@@ -117,7 +119,7 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
 
     let whole = RunDir::create(runs.path(), &config).unwrap();
     let outcome = train_on_cpu(&config, &whole, false, 1, &mut Silent, &never);
-    assert!(matches!(outcome.unwrap(), Outcome::Finished { .. }));
+    assert!(matches!(outcome.unwrap(), RunEnd::Finished { .. }));
     let expected = numbers(&whole.history());
     assert_eq!(expected.len(), 3);
     for (index, epoch) in expected.iter().enumerate() {
@@ -138,11 +140,11 @@ fn a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one() {
         let mut observer = StopAfter { after, stop: &stop };
         let outcome = train_on_cpu(&config, &interrupted, resume, 1, &mut observer, &stop).unwrap();
         match outcome {
-            Outcome::Stopped { checkpoint } => {
+            RunEnd::Stopped { checkpoint } => {
                 assert!(after < usize::MAX);
                 assert!(checkpoint.join("state.json").is_file());
             }
-            Outcome::Finished { .. } => assert_eq!(after, usize::MAX),
+            RunEnd::Finished { .. } => assert_eq!(after, usize::MAX),
         }
     }
     assert_eq!(numbers(&interrupted.history()), expected);
@@ -250,7 +252,7 @@ fn a_resumed_run_with_frozen_batch_norm_ends_as_an_uninterrupted_one() {
         stop: &stop,
     };
     let outcome = train_on_cpu(&config, &interrupted, false, 1, &mut observer, &stop).unwrap();
-    assert!(matches!(outcome, Outcome::Stopped { .. }));
+    assert!(matches!(outcome, RunEnd::Stopped { .. }));
     train_on_cpu(&config, &interrupted, true, 1, &mut Silent, &never).unwrap();
     assert_eq!(numbers(&interrupted.history()), expected);
 }
@@ -297,7 +299,7 @@ fn a_resumed_f16_run_keeps_its_loss_scale() {
         stop: &stop,
     };
     let outcome = train_on_cpu(&config, &interrupted, false, 1, &mut observer, &stop).unwrap();
-    let Outcome::Stopped { checkpoint } = outcome else {
+    let RunEnd::Stopped { checkpoint } = outcome else {
         panic!("the run did not stop");
     };
     let (_, position) = checkpoint::latest(checkpoint.parent().unwrap()).unwrap();
@@ -343,7 +345,7 @@ fn a_half_written_checkpoint_is_never_the_one_loaded() {
 
     // Resuming reads the good one (and has nothing left to do for a one-epoch run).
     let outcome = train_on_cpu(&config, &run, true, 1, &mut Silent, &never);
-    assert!(matches!(outcome.unwrap(), Outcome::Finished { .. }));
+    assert!(matches!(outcome.unwrap(), RunEnd::Finished { .. }));
 }
 
 /// What a resume says about where it starts.
@@ -529,7 +531,7 @@ fn early_stopping_ends_the_run_when_the_metric_stops_improving() {
     let never = AtomicBool::new(false);
     for resume in [false, true] {
         let outcome = train_on_cpu(&config, &run, resume, 1, &mut Silent, &never).unwrap();
-        let Outcome::Finished { early_stop, .. } = outcome else {
+        let RunEnd::Finished { early_stop, .. } = outcome else {
             panic!("the run finishes");
         };
         let stop = early_stop.expect("the run stopped early");
@@ -554,7 +556,7 @@ fn hflip_tta_treats_an_image_and_its_mirror_alike() {
     let _turn = take_turn();
     <Flex as burn::tensor::backend::Backend>::seed(&device, plain.seed);
     let model = build_model::<Flex>(&plain.model, 3, &device).unwrap();
-    let val = |config| loaders(config, Shard::WHOLE).unwrap().1.unwrap();
+    let val = |config| loaders::open(config, BatchShare::WHOLE).unwrap().1.unwrap();
     let (val, mirrored) = (val(&plain), val(&mirrored));
     let a = evaluate(&model, &val, &device, Tta::Hflip).unwrap();
     let b = evaluate(&model, &mirrored, &device, Tta::Hflip).unwrap();

@@ -13,10 +13,10 @@ use burn::module::{Module, Param, ParamId, RunningState};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
-use kiln_train::clip::clip_gradients;
-use kiln_train::config::{
-    ClassWeights, GroupSection, ModelSection, OptimizerConfig, OptimizerName, TrainConfig,
+use kiln_config::config::{
+    ClassWeights, GroupConfig, ModelConfig, OptimizerConfig, OptimizerName, TrainConfig,
 };
+use kiln_train::clip::clip_gradients;
 use kiln_train::ema::Ema;
 use kiln_train::optim::AnyOptimizer;
 use kiln_train::param_groups::ParamGroups;
@@ -376,9 +376,9 @@ fn run_groups<B: AutodiffBackend>(name: &str, optimizer: OptimizerConfig) -> f32
         .zip(model.params.iter().map(|p| p.id))
         .collect();
     let frozen: Vec<String> = serde_json::from_value(data["frozen"].clone()).unwrap();
-    let section = ModelSection {
+    let section = ModelConfig {
         freeze: frozen,
-        ..ModelSection::default()
+        ..ModelConfig::default()
     };
     let groups = Arc::new(ParamGroups::new(&names, &section, &optimizer).unwrap());
     let mut adam = AnyOptimizer::<Flat<B>, B>::with_groups(&optimizer, groups.clone());
@@ -423,7 +423,7 @@ fn run_groups<B: AutodiffBackend>(name: &str, optimizer: OptimizerConfig) -> f32
 #[test]
 fn parameter_groups_and_freezing_follow_pytorchs_parameter_groups() {
     let data = reference()["parameter_groups"].clone();
-    let fc = GroupSection {
+    let fc = GroupConfig {
         params: vec!["fc".into()],
         lr_scale: data["fc_lr_scale"].as_f64().unwrap(),
         weight_decay: data["fc_weight_decay"].as_f64(),

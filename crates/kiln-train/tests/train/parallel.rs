@@ -13,12 +13,14 @@ use std::sync::atomic::AtomicBool;
 use burn::backend::Flex;
 use burn::tensor::backend::Backend;
 use common::{B, flat_parameters, take_turn, train_on_cpu};
+use kiln_config::TrainConfig;
 use kiln_data::HostBatch;
 use kiln_models::weights;
+use kiln_records::RunDir;
 use kiln_train::optim::AnyOptimizer;
-use kiln_train::parallel::{Placement, Replicas};
+use kiln_train::replicas::{Placement, Replicas};
 use kiln_train::step::{build_model, loss_function};
-use kiln_train::{Outcome, RunDir, Silent, TrainConfig};
+use kiln_train::{RunEnd, Silent};
 
 const CONFIG: &str = r#"
 name = "dp"
@@ -57,7 +59,7 @@ fn trained(config: &TrainConfig, replicas: usize) -> Vec<f32> {
         &AtomicBool::new(false),
     )
     .unwrap();
-    let Outcome::Finished { model, .. } = outcome else {
+    let RunEnd::Finished { model, .. } = outcome else {
         panic!("the run did not finish");
     };
     parameters(config, Some(&model))

@@ -12,10 +12,10 @@ use burn::backend::{Autodiff, Flex};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::backend::{DTypeUsageSet, ExecutionError};
 use burn::tensor::{DType, Shape, TensorData};
+use kiln_config::config::OptimizerConfig;
 use kiln_data::HostBatch;
 use kiln_models::{ResNetConfig, Stem};
 use kiln_train::batch::to_device;
-use kiln_train::config::OptimizerConfig;
 use kiln_train::optim::AnyOptimizer;
 use kiln_train::step::{Replica, StepPlan};
 

@@ -6,8 +6,9 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use base64::Engine as _;
-use kiln_train::compare::compare_page;
-use kiln_train::{RunDir, Silent};
+use kiln_records::RunDir;
+use kiln_records::report::runs_page;
+use kiln_train::Silent;
 
 use crate::common::{self, take_turn, train_on_cpu};
 
@@ -65,7 +66,7 @@ fn the_pages_show_a_reader_the_plots_counts_mistakes_and_differences() {
     assert!(html.len() < 1 << 20, "{} bytes", html.len());
 
     let compared = runs.path().join("compare.html");
-    let text = compare_page(&[fast.path.clone(), slow.path.clone()], runs.path()).unwrap();
+    let text = runs_page(&[fast.path.clone(), slow.path.clone()], runs.path()).unwrap();
     std::fs::write(&compared, &text).unwrap();
     assert_eq!(differing_keys(&text), ["optimizer.lr"]);
     assert!(text.contains("<td><code>0.05</code></td><td><code>0.01</code></td>"));

@@ -292,31 +292,80 @@ impl Plan {
 
 /// The memory a run may take on each device, and where that figure comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Budget {
+pub struct MemoryBudget {
     pub bytes: u64,
     /// Follows the figure: " allowed by max_memory" or " free on the device".
     pub source: &'static str,
 }
 
-impl Budget {
+impl MemoryBudget {
     /// `max_memory` where set (or what the device has, if less), else what the device has.
-    pub fn of(config: &TrainConfig, available: Option<u64>) -> Option<Budget> {
+    pub fn of(config: &TrainConfig, available: Option<u64>) -> Option<MemoryBudget> {
         let limit = config.max_memory.map(|m| m.bytes());
         match (limit, available) {
-            (Some(limit), Some(free)) if free < limit => Some(Budget {
+            (Some(limit), Some(free)) if free < limit => Some(MemoryBudget {
                 bytes: free,
                 source: " free on the device",
             }),
-            (Some(limit), _) => Some(Budget {
+            (Some(limit), _) => Some(MemoryBudget {
                 bytes: limit,
                 source: " allowed by max_memory",
             }),
-            (None, Some(free)) => Some(Budget {
+            (None, Some(free)) => Some(MemoryBudget {
                 bytes: free,
                 source: " free on the device",
             }),
             (None, None) => None,
         }
+    }
+}
+
+/// What `kiln plan` shows of a config on some devices: its plan, the budget it is set
+/// against, the estimate for the configured (or `"auto"`) batch, and what fits.
+#[derive(Debug, Clone, Serialize)]
+pub struct Fitting {
+    pub plan: Plan,
+    pub budget: Option<MemoryBudget>,
+    /// Images per device of the configured batch, or of `"auto"`'s (1 where no budget says).
+    pub per_device: usize,
+    pub estimate_bytes: u64,
+    pub largest_per_device: Option<usize>,
+    pub auto_batch_size: Option<usize>,
+}
+
+impl Fitting {
+    /// `config` on `replicas` devices against `memory` bytes where given (`kiln plan --memory`),
+    /// else its budget from `max_memory` and what the device has `available`.
+    pub fn of(
+        config: &TrainConfig,
+        replicas: usize,
+        memory: Option<u64>,
+        available: Option<u64>,
+    ) -> Result<Self, PlanError> {
+        let plan = Plan::new(config, replicas)?;
+        let budget = match memory {
+            Some(bytes) => Some(MemoryBudget {
+                bytes,
+                source: " given by --memory",
+            }),
+            None => MemoryBudget::of(config, available),
+        };
+        let train_images = config.data.source.train_size();
+        let auto_batch_size = budget
+            .and_then(|b| plan.auto_batch_size(b.bytes, train_images).ok())
+            .map(|auto| auto.batch_size);
+        let per_device = match config.batch_size {
+            BatchSize::Fixed(batch) => plan.per_device(batch),
+            BatchSize::Auto => auto_batch_size.map_or(1, |batch| plan.per_device(batch)),
+        };
+        Ok(Self {
+            estimate_bytes: plan.peak_bytes(per_device),
+            largest_per_device: budget.and_then(|b| plan.largest_per_device(b.bytes)),
+            budget,
+            per_device,
+            auto_batch_size,
+            plan,
+        })
     }
 }
 

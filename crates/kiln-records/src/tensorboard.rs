@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 /// `tensorflow.Event`: one record of the file.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Event {
+pub struct TfEvent {
     #[prost(double, tag = "1")]
     pub wall_time: f64,
     #[prost(int64, tag = "2")]
@@ -20,19 +20,19 @@ pub struct Event {
     #[prost(string, optional, tag = "3")]
     pub file_version: Option<String>,
     #[prost(message, optional, tag = "5")]
-    pub summary: Option<Summary>,
+    pub summary: Option<TfSummary>,
 }
 
 /// `tensorflow.Summary`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Summary {
+pub struct TfSummary {
     #[prost(message, repeated, tag = "1")]
-    pub value: Vec<Value>,
+    pub value: Vec<TfValue>,
 }
 
 /// `tensorflow.Summary.Value`: a scalar (`simple_value`) or a tensor with its plugin.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Value {
+pub struct TfValue {
     #[prost(string, tag = "1")]
     pub tag: String,
     #[prost(float, optional, tag = "2")]
@@ -99,7 +99,7 @@ impl EventWriter {
         if let (Some(step), Some(path)) = (resume_at, existing) {
             // Records written after the checkpoint are written again by the resumed run; a
             // damaged tail (a kill mid-record) is dropped with them.
-            let kept: Vec<Event> = read_events(&path)
+            let kept: Vec<TfEvent> = read_events(&path)
                 .into_iter()
                 .take_while(Result::is_ok)
                 .filter_map(Result::ok)
@@ -131,10 +131,10 @@ impl EventWriter {
             file: BufWriter::new(File::create(&path)?),
             path,
         };
-        writer.write(&Event {
+        writer.write(&TfEvent {
             wall_time: now(),
             file_version: Some("brain.Event:2".into()),
-            ..Event::default()
+            ..TfEvent::default()
         })?;
         Ok(writer)
     }
@@ -147,10 +147,10 @@ impl EventWriter {
     pub fn scalar(&mut self, tag: &str, step: i64, value: f64) -> std::io::Result<()> {
         self.summary(
             step,
-            Value {
+            TfValue {
                 tag: tag.into(),
                 simple_value: Some(value as f32),
-                ..Value::default()
+                ..TfValue::default()
             },
         )
     }
@@ -159,7 +159,7 @@ impl EventWriter {
     pub fn text(&mut self, tag: &str, step: i64, text: &str) -> std::io::Result<()> {
         self.summary(
             step,
-            Value {
+            TfValue {
                 tag: tag.into(),
                 tensor: Some(TensorProto {
                     dtype: DT_STRING,
@@ -171,21 +171,21 @@ impl EventWriter {
                         plugin_name: "text".into(),
                     }),
                 }),
-                ..Value::default()
+                ..TfValue::default()
             },
         )
     }
 
-    fn summary(&mut self, step: i64, value: Value) -> std::io::Result<()> {
-        self.write(&Event {
+    fn summary(&mut self, step: i64, value: TfValue) -> std::io::Result<()> {
+        self.write(&TfEvent {
             wall_time: now(),
             step,
-            summary: Some(Summary { value: vec![value] }),
-            ..Event::default()
+            summary: Some(TfSummary { value: vec![value] }),
+            ..TfEvent::default()
         })
     }
 
-    fn write(&mut self, event: &Event) -> std::io::Result<()> {
+    fn write(&mut self, event: &TfEvent) -> std::io::Result<()> {
         let data = prost::Message::encode_to_vec(event);
         let length = (data.len() as u64).to_le_bytes();
         self.file.write_all(&length)?;
@@ -209,7 +209,7 @@ fn now() -> f64 {
 
 /// The events of the file at `path`, each checked against both of its CRCs; reading stops at
 /// the first damaged or incomplete record, which is returned as an error.
-pub fn read_events(path: &Path) -> Vec<Result<Event, String>> {
+pub fn read_events(path: &Path) -> Vec<Result<TfEvent, String>> {
     let mut bytes = Vec::new();
     if let Err(e) = File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)) {
         return vec![Err(e.to_string())];
@@ -227,7 +227,7 @@ pub fn read_events(path: &Path) -> Vec<Result<Event, String>> {
     events
 }
 
-fn next_record(rest: &mut &[u8]) -> Result<Event, String> {
+fn next_record(rest: &mut &[u8]) -> Result<TfEvent, String> {
     let take = |rest: &mut &[u8], n: usize| -> Result<Vec<u8>, String> {
         if rest.len() < n {
             return Err("the file ends inside a record".into());
@@ -246,7 +246,7 @@ fn next_record(rest: &mut &[u8]) -> Result<Event, String> {
     if u32_of(take(rest, 4)?) != masked_crc(&data) {
         return Err("a record fails its checksum".into());
     }
-    <Event as prost::Message>::decode(data.as_slice()).map_err(|e| e.to_string())
+    <TfEvent as prost::Message>::decode(data.as_slice()).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -274,7 +274,7 @@ mod tests {
         writer.flush().unwrap();
         let path = writer.path().to_path_buf();
         drop(writer);
-        let events: Vec<Event> = read_events(&path).into_iter().map(Result::unwrap).collect();
+        let events: Vec<TfEvent> = read_events(&path).into_iter().map(Result::unwrap).collect();
         assert_eq!(events[0].file_version.as_deref(), Some("brain.Event:2"));
         assert_eq!(events.len(), 8);
         let value = &events[3].summary.as_ref().unwrap().value[0];

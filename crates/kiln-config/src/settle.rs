@@ -7,12 +7,11 @@
 use kiln_data::max_workers;
 
 use crate::config::{BatchSize, TrainConfig};
-use crate::error::TrainError;
-use crate::plan::{self, AutoBatch, Budget, Plan};
+use crate::plan::{self, AutoBatch, MemoryBudget, Plan, PlanError};
 
 /// What settling needs to know of the devices a run was given.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Facts {
+pub struct DeviceFacts {
     /// A backend that compiles its kernels at run time (the GPUs): its runs are long.
     pub compiles_kernels: bool,
     /// The first device's memory, where the device reports it.
@@ -23,10 +22,10 @@ pub struct Facts {
 
 /// What a config is settled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Purpose {
-    Train,
+pub enum SettleFor {
+    Training,
     /// No gradients and no optimizer state: any batch that training would fit fits.
-    Evaluate,
+    Evaluation,
 }
 
 /// A settled config, with the memory plan that settled it.
@@ -40,7 +39,7 @@ pub struct Settled {
     /// How `batch_size = "auto"` chose, where it did.
     pub auto: Option<AutoBatch>,
     /// The memory the plan was checked against.
-    pub budget: Option<Budget>,
+    pub budget: Option<MemoryBudget>,
     /// The devices as people know them ("NVIDIA H200"), for the report, where the caller
     /// named them (kiln-train knows no concrete device): see `with_device`.
     pub device: Option<String>,
@@ -67,13 +66,13 @@ const UNPLANNED_EVAL_BATCH: usize = 64;
 /// exceeds the budget; evaluation never fails here.
 pub fn settle(
     config: &TrainConfig,
-    facts: &Facts,
-    purpose: Purpose,
-) -> Result<Settled, TrainError> {
-    let budget = Budget::of(config, facts.available_bytes);
+    facts: &DeviceFacts,
+    purpose: SettleFor,
+) -> Result<Settled, PlanError> {
+    let budget = MemoryBudget::of(config, facts.available_bytes);
     let (mut settled, plan, auto) = match purpose {
-        Purpose::Train => plan_training(config, facts.replicas, budget)?,
-        Purpose::Evaluate => (evaluation_batch(config, budget), None, None),
+        SettleFor::Training => plan_training(config, facts.replicas, budget)?,
+        SettleFor::Evaluation => (evaluation_batch(config, budget), None, None),
     };
     settled.data.workers = workers(config.data.workers);
     let checkpoints = &mut settled.checkpoints;
@@ -109,12 +108,12 @@ fn workers(asked: usize) -> usize {
 fn plan_training(
     config: &TrainConfig,
     replicas: usize,
-    budget: Option<Budget>,
-) -> Result<(TrainConfig, Option<Plan>, Option<AutoBatch>), TrainError> {
+    budget: Option<MemoryBudget>,
+) -> Result<(TrainConfig, Option<Plan>, Option<AutoBatch>), PlanError> {
     let needed = config.batch_size == BatchSize::Auto || config.max_memory.is_some();
     let plan = match Plan::new(config, replicas) {
         Ok(plan) => plan,
-        Err(error) if needed => return Err(error.into()),
+        Err(error) if needed => return Err(error),
         Err(_) => return Ok((config.clone(), None, None)),
     };
     let train_images = match config.batch_size {
@@ -135,7 +134,7 @@ fn plan_training(
 
 /// Evaluation's batch for `"auto"`: the training batch that fits on one device, which
 /// evaluation needs less memory for.
-fn evaluation_batch(config: &TrainConfig, budget: Option<Budget>) -> TrainConfig {
+fn evaluation_batch(config: &TrainConfig, budget: Option<MemoryBudget>) -> TrainConfig {
     let mut settled = config.clone();
     if config.batch_size == BatchSize::Auto {
         let batch = Plan::new(config, 1)
@@ -166,12 +165,12 @@ mod tests {
         config
     }
 
-    const CPU: Facts = Facts {
+    const CPU: DeviceFacts = DeviceFacts {
         compiles_kernels: false,
         available_bytes: None,
         replicas: 1,
     };
-    const GPU: Facts = Facts {
+    const GPU: DeviceFacts = DeviceFacts {
         compiles_kernels: true,
         available_bytes: Some(80 << 30),
         replicas: 1,
@@ -180,12 +179,12 @@ mod tests {
     #[test]
     fn gpu_runs_checkpoint_every_half_hour_unless_the_config_says_when() {
         let given = config(BatchSize::Fixed(8));
-        let settled = settle(&given, &GPU, Purpose::Train).unwrap();
+        let settled = settle(&given, &GPU, SettleFor::Training).unwrap();
         assert_eq!(settled.config.checkpoints.every_minutes, Some(30.0));
         assert!(settled.changed);
         let mut every_steps = given.clone();
         every_steps.checkpoints.every_steps = Some(100);
-        let settled = settle(&every_steps, &GPU, Purpose::Train).unwrap();
+        let settled = settle(&every_steps, &GPU, SettleFor::Training).unwrap();
         assert_eq!(settled.config, every_steps);
         assert!(!settled.changed);
     }
@@ -193,7 +192,7 @@ mod tests {
     #[test]
     fn a_fixed_batch_on_the_cpu_is_left_as_it_is() {
         let given = config(BatchSize::Fixed(8));
-        let settled = settle(&given, &CPU, Purpose::Train).unwrap();
+        let settled = settle(&given, &CPU, SettleFor::Training).unwrap();
         assert_eq!(settled.config, given);
         assert!(!settled.changed);
         assert!(settled.auto.is_none());
@@ -203,7 +202,7 @@ mod tests {
     fn more_workers_than_the_machine_can_use_are_settled_to_what_it_can() {
         let mut given = config(BatchSize::Fixed(8));
         given.data.workers = 100_000;
-        let settled = settle(&given, &CPU, Purpose::Train).unwrap();
+        let settled = settle(&given, &CPU, SettleFor::Training).unwrap();
         assert_eq!(settled.config.data.workers, max_workers());
         assert!(settled.changed);
     }
@@ -211,15 +210,15 @@ mod tests {
     #[test]
     fn auto_is_settled_to_a_number_for_training_and_for_evaluation() {
         let given = config(BatchSize::Auto);
-        let train = settle(&given, &GPU, Purpose::Train).unwrap();
+        let train = settle(&given, &GPU, SettleFor::Training).unwrap();
         let batch = train.config.batch_size.fixed().expect("a number");
         assert!(train.auto.is_some() && train.changed);
         let plan = train.plan.expect("a plan");
         assert_eq!(plan.batch_size, Some(batch));
-        let eval = settle(&given, &GPU, Purpose::Evaluate).unwrap();
+        let eval = settle(&given, &GPU, SettleFor::Evaluation).unwrap();
         assert!(eval.config.batch_size.fixed().is_some());
         // Without a budget evaluation still gets a batch, where training would be refused.
-        let eval = settle(&given, &CPU, Purpose::Evaluate).unwrap();
+        let eval = settle(&given, &CPU, SettleFor::Evaluation).unwrap();
         assert_eq!(eval.config.batch_size.fixed(), Some(UNPLANNED_EVAL_BATCH));
     }
 }

@@ -1,22 +1,23 @@
-//! `kiln compare` and `kiln bench` as library functions: kiln-check's generic checks, run on
-//! each backend in turn, returning what they found (the binary prints it). What counts as
-//! agreeing is kiln-check's (`Tolerances`, `CompareReport::verdict`).
+//! The entry points of `kiln compare` and `kiln bench`: this crate's generic checks, run on
+//! each backend in turn through kiln-backend, returning what they found (the binary prints
+//! it). What counts as agreeing is `verdict`'s (`Tolerances`, `CompareReport::verdict`).
+//! Instantiated here once for every backend, as kiln-train's entry points are.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
+use crate::CheckError;
+use crate::bench::{self, Budget, Measurement, Mode, Target, Workload};
+use crate::compare::{self, Capture, CompareSpec, StageDiff, Tolerances};
+use crate::parity::{self, Parity};
+use crate::trajectory::{self, Fixture, RunDiff, Setup, Trajectory};
+pub use crate::verdict::{BackendResult, CompareReport, Outcome, Verdict};
 use anyhow::{Context, bail};
 use burn::tensor::backend::AutodiffBackend;
 use kiln_backend::{
     Backend, BackendChoice, BackendTask, DeviceKind, DeviceSelection, MemoryMeter, Probe, Resolved,
     probe, resolve, run_on,
 };
-use kiln_check::CheckError;
-use kiln_check::bench::{self, Budget, Measurement, Mode, Target, Workload};
-use kiln_check::compare::{self, Capture, CompareSpec, StageDiff, Tolerances};
-use kiln_check::parity::{self, Parity};
-pub use kiln_check::report::{BackendResult, CompareReport, Outcome, Verdict};
-use kiln_check::trajectory::{self, Fixture, RunDiff, Setup, Trajectory};
 use kiln_models::{ResNetConfig, Stem};
 
 /// What `kiln compare` compares: the backends, the network and its batch, and PyTorch's runs.
@@ -222,7 +223,7 @@ pub fn capture_on(
 }
 
 /// One training step of PyTorch's fixture `name` (a width-4 ResNet of `depth` layers, in `dir`)
-/// on `backend`, against PyTorch's float64 answer (`kiln_check::parity`).
+/// on `backend`, against PyTorch's float64 answer (`crate::parity`).
 pub fn parity_on(
     backend: Backend,
     probe: &Probe,
@@ -403,7 +404,7 @@ pub fn bench(
     let kernels = options.kernels.then(|| {
         let log = std::env::temp_dir().join(format!("kiln-kernels-{}.log", std::process::id()));
         kiln_backend::kernel_cache::profile_kernels_to(log.clone());
-        kiln_check::kernels::KernelLog::new(&log)
+        crate::kernels::KernelLog::new(&log)
     });
     let extras = bench::Extras {
         passes: options.passes,
@@ -566,5 +567,6 @@ impl BackendTask for Measure<'_> {
 
 /// Runs `f`, turning a panic (a backend that fails deep inside burn) into its message.
 fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| crate::panic_message(payload.as_ref()))
+    catch_unwind(AssertUnwindSafe(f))
+        .map_err(|payload| kiln_train::panics::first_line(payload.as_ref()))
 }

@@ -7,12 +7,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use burn::tensor::backend::AutodiffBackend;
 use kiln_backend::{Backend, BackendChoice, BackendTask, DeviceSelection, probe, resolve, run_on};
+use kiln_config::TrainConfig;
 use kiln_data::transforms::{IMAGENET_MEAN, IMAGENET_STD};
 use kiln_data::{Pipeline, Transform};
 use kiln_models::onnx::{DEFAULT_OPSET, OPSETS, OnnxOptions, save_onnx};
 use kiln_models::weights::{self, save_safetensors};
 use kiln_models::{ResNetConfig, Stem};
-use kiln_train::{RunDir, TrainConfig};
+use kiln_records::RunDir;
 
 /// What `kiln export` writes: a run's model or a weight file (with the architecture given
 /// here), as ONNX or torchvision-compatible safetensors. Plain data: the binary's flags fill it.

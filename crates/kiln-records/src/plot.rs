@@ -1,5 +1,6 @@
-//! Line charts as SVG, drawn by hand so that they read at a glance: the x axis in epochs with
-//! whole-number ticks, text of at least 12 px, lines of at least 2 px, Okabe and Ito's
+//! Line charts as SVG, kiln's one plotter, drawn by hand so that they read at a glance: the x
+//! axis in epochs with whole-number ticks (or round ticks of other values, as the range test's
+//! learning rates), text of at least 12 px, lines of at least 2 px, Okabe and Ito's
 //! colour-blind-safe palette, a light grid, and the legend above the plot where it hides no
 //! data. The run's page inlines the same markup that its `.svg` files hold.
 
@@ -81,9 +82,19 @@ pub enum YFormat {
     Scientific,
 }
 
-/// A chart: the x axis counts epochs.
+/// What a chart's x axis counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XAxis<'a> {
+    /// Epochs: whole ticks from 0 (see [`epoch_ticks`]).
+    Epochs,
+    /// Other values, under this name (a learning rate's log10): round ticks over the data.
+    Values(&'a str),
+}
+
+/// A chart of lines.
 pub struct Chart<'a> {
     pub title: &'a str,
+    pub x_axis: XAxis<'a>,
     pub y_label: &'a str,
     pub y_format: YFormat,
     pub series: Vec<Series>,
@@ -108,15 +119,27 @@ impl Chart<'_> {
             height: HEIGHT - top - BOTTOM,
         };
         let points = self.series.iter().flat_map(|s| s.points.iter());
-        let x_max = points.clone().map(|p| p.0).fold(0.0, f64::max);
-        let (x_end, x_ticks) = epoch_ticks(x_max);
+        let (x_range, x_ticks) = match self.x_axis {
+            XAxis::Epochs => {
+                let x_max = points.clone().map(|p| p.0).fold(0.0, f64::max);
+                let (x_end, x_ticks) = epoch_ticks(x_max);
+                ((0.0, x_end), x_ticks)
+            }
+            XAxis::Values(_) => {
+                let (x0, x1) = (points.clone())
+                    .map(|p| p.0)
+                    .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
+                let x_ticks = nice_ticks(x0, x1, 6);
+                ((x_ticks[0], *x_ticks.last().expect("ticks")), x_ticks)
+            }
+        };
         let (y0, y1) = points
             .map(|p| p.1)
             .fold((f64::MAX, f64::MIN), |(lo, hi), y| (lo.min(y), hi.max(y)));
         let y_ticks = nice_ticks(y0, y1, 5);
         let scale = Scale {
             area: plot,
-            x: (0.0, x_end),
+            x: x_range,
             y: (y_ticks[0], *y_ticks.last().expect("ticks")),
         };
         let mut svg = format!(
@@ -125,7 +148,13 @@ impl Chart<'_> {
             escape(self.title)
         );
         svg += &legend;
-        svg += &axes(&scale, &x_ticks, &y_ticks, self.y_format, self.y_label);
+        svg += &axes(
+            &scale,
+            (&x_ticks, self.x_axis),
+            &y_ticks,
+            self.y_format,
+            self.y_label,
+        );
         for series in &self.series {
             svg += &draw(series, &scale);
         }
@@ -202,7 +231,13 @@ impl Scale {
 }
 
 /// The grid, the ticks and their labels, and the axes' names.
-fn axes(scale: &Scale, x_ticks: &[f64], y_ticks: &[f64], format: YFormat, y_label: &str) -> String {
+fn axes(
+    scale: &Scale,
+    (x_ticks, x_axis): (&[f64], XAxis),
+    y_ticks: &[f64],
+    format: YFormat,
+    y_label: &str,
+) -> String {
     let a = scale.area;
     let (bottom, right) = (a.top + a.height, a.left + a.width);
     let mut svg = String::from("<g stroke=\"#e3e3e3\" stroke-width=\"1\">");
@@ -232,10 +267,15 @@ fn axes(scale: &Scale, x_ticks: &[f64], y_ticks: &[f64], format: YFormat, y_labe
         svg,
         "<g font-size=\"12\" fill=\"{TEXT}\" text-anchor=\"middle\">"
     );
+    let x_step = x_ticks.get(1).map_or(1.0, |t| t - x_ticks[0]);
     for &x in x_ticks {
+        let label = match x_axis {
+            XAxis::Epochs => x.to_string(),
+            XAxis::Values(_) => tick_label(x, x_step, YFormat::Plain),
+        };
         let _ = write!(
             svg,
-            "<text x=\"{:.1}\" y=\"{}\">{x}</text>",
+            "<text x=\"{:.1}\" y=\"{}\">{label}</text>",
             scale.x(x),
             bottom + 16.0
         );
@@ -257,11 +297,16 @@ fn axes(scale: &Scale, x_ticks: &[f64], y_ticks: &[f64], format: YFormat, y_labe
     }
     svg += "</g>\n";
     let middle = a.top + a.height / 2.0;
+    let x_label = match x_axis {
+        XAxis::Epochs => "epoch",
+        XAxis::Values(label) => label,
+    };
     let _ = writeln!(
         svg,
-        "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\" fill=\"{TEXT}\">epoch</text>\n<text transform=\"translate(15 {middle:.1}) rotate(-90)\" text-anchor=\"middle\" fill=\"{TEXT}\">{}</text>",
+        "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\" fill=\"{TEXT}\">{}</text>\n<text transform=\"translate(15 {middle:.1}) rotate(-90)\" text-anchor=\"middle\" fill=\"{TEXT}\">{}</text>",
         a.left + a.width / 2.0,
         bottom + 36.0,
+        escape(x_label),
         escape(y_label)
     );
     svg
@@ -507,6 +552,7 @@ mod tests {
             .collect();
         let chart = Chart {
             title: "loss <train>",
+            x_axis: XAxis::Epochs,
             y_label: "loss",
             y_format: YFormat::Plain,
             series: vec![
@@ -550,5 +596,45 @@ mod tests {
         for tick in ["0", "1", "2", "3", "4", "5"] {
             assert!(svg.contains(&format!(">{tick}</text>")), "tick {tick}");
         }
+    }
+
+    /// An axis of other values (the range test's log10 learning rates) spans the data with
+    /// round ticks, negative ones included, under its own name.
+    #[test]
+    fn a_value_axis_is_named_and_covers_negative_values() {
+        let chart = Chart {
+            title: "learning-rate range test",
+            x_axis: XAxis::Values("log10 learning rate"),
+            y_label: "loss",
+            y_format: YFormat::Plain,
+            series: vec![Series {
+                name: "loss".into(),
+                points: (0..=80).map(|i| (-7.0 + i as f64 / 10.0, 2.0)).collect(),
+                style: Style::line(PALETTE[0]),
+            }],
+        };
+        let svg = chart.svg();
+        assert!(svg.contains(">log10 learning rate</text>") && !svg.contains(">epoch</text>"));
+        for tick in ["-8", "-6", "-4", "-2", "0", "2"] {
+            assert!(
+                svg.contains(&format!(">{tick}</text>")),
+                "tick {tick}: {svg}"
+            );
+        }
+        // -8 is the left edge and 2 the right: -7 a tenth of the way in, 1 a tenth from the end.
+        let line = svg
+            .split("points=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        let xs: Vec<f64> = (line.split(' '))
+            .map(|p| p.split(',').next().unwrap().parse().unwrap())
+            .collect();
+        let width = WIDTH - LEFT - RIGHT;
+        assert!((xs[0] - (LEFT + width / 10.0)).abs() < 0.1, "{}", xs[0]);
+        let last = *xs.last().unwrap();
+        assert!((last - (LEFT + width * 0.9)).abs() < 0.1, "{last}");
     }
 }

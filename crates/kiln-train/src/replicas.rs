@@ -14,13 +14,12 @@
 //! those of replica 0, which is the one checkpointed and exported.
 
 use std::any::TypeId;
-use std::net::{ToSocketAddrs, UdpSocket};
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use burn::backend::Autodiff;
-use burn::collective::{self, AllReduceStrategy, CollectiveConfig, PeerId};
+use burn::collective::{self, CollectiveConfig, PeerId};
 use burn::module::{AutodiffModule, Module};
 use burn::nn::loss::CrossEntropyLoss;
 use burn::tensor::backend::AutodiffBackend;
@@ -28,65 +27,13 @@ use kiln_data::HostBatch;
 use kiln_models::ResNet;
 
 use crate::batch::{DeviceBatch, to_device};
+use crate::cluster::{Cluster, heartbeat};
 use crate::collective::sum_values;
 use crate::error::{ParallelError, TrainError};
-use crate::heartbeat;
 use crate::optim::AnyOptimizer;
 use crate::panics::REPLICA_THREAD;
 use crate::scaler::LossScaler;
 use crate::step::{Replica, StepPlan, StepStats};
-
-/// The machines of a multi-machine run and this machine's place among them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cluster {
-    pub nodes: usize,
-    /// This machine's number, 0 to `nodes - 1`. Machine 0 runs the coordinator.
-    pub rank: usize,
-    /// `host:port` of the coordinator (burn-collective's global orchestrator).
-    pub coordinator: String,
-    /// `host:port` where this machine serves its tensors to the others. Default: the address
-    /// this machine reaches the coordinator from, port = coordinator's + 1 + rank.
-    pub node_address: Option<String>,
-}
-
-impl Cluster {
-    fn coordinator_port(&self) -> Result<u16, ParallelError> {
-        self.coordinator
-            .rsplit_once(':')
-            .and_then(|(_, port)| port.parse().ok())
-            .ok_or_else(|| ParallelError::Address(self.coordinator.clone()))
-    }
-
-    /// Where this node's data service listens, as `(host:port, port)`.
-    fn node_address(&self) -> Result<(String, u16), ParallelError> {
-        let address = match &self.node_address {
-            Some(address) => address.clone(),
-            None => {
-                let port = self.coordinator_port()? as usize + 1 + self.rank;
-                format!("{}:{port}", self.local_host()?)
-            }
-        };
-        let port = address
-            .rsplit_once(':')
-            .and_then(|(_, port)| port.parse().ok())
-            .ok_or_else(|| ParallelError::Address(address.clone()))?;
-        Ok((address, port))
-    }
-
-    /// The local IP address on the route to the coordinator (a UDP `connect` sends nothing).
-    fn local_host(&self) -> Result<String, ParallelError> {
-        let unreachable = |_| ParallelError::Address(self.coordinator.clone());
-        let target = self
-            .coordinator
-            .to_socket_addrs()
-            .map_err(unreachable)?
-            .next()
-            .ok_or_else(|| ParallelError::Address(self.coordinator.clone()))?;
-        let socket = UdpSocket::bind(("0.0.0.0", 0)).map_err(unreachable)?;
-        socket.connect(target).map_err(unreachable)?;
-        Ok(socket.local_addr().map_err(unreachable)?.ip().to_string())
-    }
-}
 
 /// Where a run trains: its devices on this machine and, for a multi-machine run, the cluster.
 #[derive(Debug, Clone)]
@@ -114,8 +61,8 @@ impl<D> Placement<D> {
     }
 }
 
-/// A replica and the batches uploaded for its next step.
-pub struct Seat<B: AutodiffBackend> {
+/// A replica at work: the replica, the batches uploaded for its next step and its peer.
+pub struct Worker<B: AutodiffBackend> {
     pub replica: Replica<B>,
     /// The next step's batches, on the device, with this replica's share of the counts.
     loaded: Option<(Vec<DeviceBatch<B>>, StepPlan)>,
@@ -125,19 +72,19 @@ pub struct Seat<B: AutodiffBackend> {
 }
 
 /// Work for a replica's thread.
-type Job<B> = Box<dyn FnOnce(&mut Seat<B>) + Send>;
+type Job<B> = Box<dyn FnOnce(&mut Worker<B>) + Send>;
 
 /// Where the replicas live: one on the calling thread, or each on a thread of its own for the
 /// whole run (cubecl gives every thread its own stream and memory pool, so a replica keeps
 /// one thread).
-enum Seats<B: AutodiffBackend> {
-    Here(Box<Seat<B>>),
+enum Workers<B: AutodiffBackend> {
+    Here(Box<Worker<B>>),
     Threads(Vec<mpsc::Sender<Job<B>>>),
 }
 
 /// The model replicas of this machine, each with its device and optimizer state.
 pub struct Replicas<B: AutodiffBackend> {
-    seats: Seats<B>,
+    workers: Workers<B>,
     /// True when there is more than one replica in the whole run.
     collective: bool,
     /// True when the run spans several machines.
@@ -179,11 +126,11 @@ impl<B: AutodiffBackend> Replicas<B> {
         }
         let collective = placement.peers() > 1;
         let first = placement.first_peer();
-        let mut seats: Vec<Seat<B>> = placement
+        let mut workers: Vec<Worker<B>> = placement
             .devices
             .iter()
             .enumerate()
-            .map(|(i, device)| Seat {
+            .map(|(i, device)| Worker {
                 replica: Replica::new(
                     replica_of(&model, device),
                     make_optimizer(),
@@ -197,18 +144,18 @@ impl<B: AutodiffBackend> Replicas<B> {
             .collect();
         // On several machines the replica runs on a thread of its own even when it is the only
         // one, so that this thread can notice a lost machine while the replica waits for it.
-        let seats = match seats.len() == 1 && placement.cluster.is_none() {
-            true => Seats::Here(Box::new(seats.remove(0))),
-            false => Seats::Threads(
-                seats
+        let workers = match workers.len() == 1 && placement.cluster.is_none() {
+            true => Workers::Here(Box::new(workers.remove(0))),
+            false => Workers::Threads(
+                workers
                     .into_iter()
                     .enumerate()
-                    .map(|(i, seat)| spawn_seat(i, seat))
+                    .map(|(i, worker)| spawn_worker(i, worker))
                     .collect::<Result<_, _>>()?,
             ),
         };
         let mut replicas = Self {
-            seats,
+            workers,
             collective,
             machines: placement.cluster.is_some(),
             sync_bn,
@@ -228,38 +175,17 @@ impl<B: AutodiffBackend> Replicas<B> {
     fn join(&mut self, placement: &Placement<B::Device>) -> Result<(), TrainError> {
         let mut config = CollectiveConfig::default().with_num_devices(self.count);
         if let Some(cluster) = &placement.cluster {
-            let port = cluster.coordinator_port()?;
-            if cluster.rank == 0 {
-                start_coordinator(port)?;
-            }
-            let host = cluster
-                .coordinator
-                .rsplit_once(':')
-                .map_or("", |(host, _)| host);
-            heartbeat::start(cluster.rank, host, heartbeat::port(port, cluster.nodes))?;
-            let (node_address, data_port) = cluster.node_address()?;
-            let websocket = |host_port: &str| {
-                format!("ws://{host_port}")
-                    .parse()
-                    .expect("any string parses as an address")
-            };
-            config = config
-                .with_num_nodes(cluster.nodes as u32)
-                .with_global_address(websocket(&cluster.coordinator))
-                .with_node_address(websocket(&node_address))
-                .with_data_service_port(data_port)
-                // burn-collective's global ring refuses tensors with fewer rows than machines
-                // (a one-element count, a small bias) instead of falling back.
-                .with_global_all_reduce_strategy(AllReduceStrategy::Tree(2));
+            config = cluster.join(config)?;
         }
         collective::reset_collective::<B::InnerBackend>();
         self.on_each(|_| {
             let config = config.clone();
-            move |seat: &mut Seat<B>| {
+            move |worker: &mut Worker<B>| {
                 collective::register::<B::InnerBackend>(
-                    seat.peer
+                    worker
+                        .peer
                         .expect("a collective run gives every replica a peer"),
-                    seat.replica.device.clone(),
+                    worker.replica.device.clone(),
                     config,
                 )
                 .map_err(|e| ParallelError::from(e).into())
@@ -289,7 +215,7 @@ impl<B: AutodiffBackend> Replicas<B> {
         let mut f = Some(f);
         let mut results = self.on_each(|i| {
             let f = if i == 0 { f.take() } else { None };
-            move |seat: &mut Seat<B>| f.map(|f| f(&mut seat.replica)).transpose()
+            move |worker: &mut Worker<B>| f.map(|f| f(&mut worker.replica)).transpose()
         })?;
         Ok(results.swap_remove(0).expect("replica 0 ran it"))
     }
@@ -317,8 +243,8 @@ impl<B: AutodiffBackend> Replicas<B> {
         self.on_each(|_| {
             let (load, make_optimizer, saved) =
                 (load.clone(), make_optimizer.clone(), scaler.clone());
-            move |seat: &mut Seat<B>| {
-                let replica = &mut seat.replica;
+            move |worker: &mut Worker<B>| {
+                let replica = &mut worker.replica;
                 let (model, optimizer) = replica.take(make_optimizer());
                 let (model, optimizer) = load(model, optimizer, &replica.device)?;
                 replica.replace(model, optimizer);
@@ -350,10 +276,10 @@ impl<B: AutodiffBackend> Replicas<B> {
         let mut work = parts.into_iter().zip(plans).map(Some).collect::<Vec<_>>();
         self.on_each(|i| {
             let (part, plan) = work[i].take().expect("one part per replica");
-            move |seat: &mut Seat<B>| {
-                let device = seat.replica.device.clone();
+            move |worker: &mut Worker<B>| {
+                let device = worker.replica.device.clone();
                 let batches = part.into_iter().map(|b| to_device(b, &device)).collect();
-                seat.loaded = Some((batches, plan));
+                worker.loaded = Some((batches, plan));
                 Ok(())
             }
         })?;
@@ -415,23 +341,23 @@ impl<B: AutodiffBackend> Replicas<B> {
     /// with what this machine `asks` of the run after the step, agreed by all machines: on
     /// several, the step's count of images carries it, so that all stop or checkpoint at the
     /// same step whichever machine asked.
-    pub fn step(&mut self, lr: f64, asks: Asks) -> Result<Asks, TrainError> {
+    pub fn step(&mut self, lr: f64, asks: StepRequests) -> Result<StepRequests, TrainError> {
         let machines = self.machines;
         let mut agreed = self.on_each(|i| {
-            move |seat: &mut Seat<B>| {
-                if let Some(message) = seat.fail.take() {
+            move |worker: &mut Worker<B>| {
+                if let Some(message) = worker.fail.take() {
                     return Err(failed(i, &message));
                 }
-                let (batches, mut plan) = seat
+                let (batches, mut plan) = worker
                     .loaded
                     .take()
                     .expect("a step's batches are loaded first");
-                plan.peer = seat.peer;
+                plan.peer = worker.peer;
                 let mut agreed = asks;
                 if machines {
-                    (plan, agreed) = over_machines(plan, &batches, seat, asks)?;
+                    (plan, agreed) = over_machines(plan, &batches, worker, asks)?;
                 }
-                seat.replica.step(batches, &plan, lr)?;
+                worker.replica.step(batches, &plan, lr)?;
                 Ok(agreed)
             }
         })?;
@@ -447,8 +373,8 @@ impl<B: AutodiffBackend> Replicas<B> {
         let mut message = Some(message);
         self.on_each(|i| {
             let message = if i == index { message.take() } else { None };
-            move |seat: &mut Seat<B>| {
-                seat.fail = message.or(seat.fail.take());
+            move |worker: &mut Worker<B>| {
+                worker.fail = message.or(worker.fail.take());
                 Ok(())
             }
         })?;
@@ -461,8 +387,8 @@ impl<B: AutodiffBackend> Replicas<B> {
     pub fn take_stats(&mut self) -> Result<Vec<StepStats>, TrainError> {
         let collective = self.collective;
         let mut all = self.on_each(|_| {
-            move |seat: &mut Seat<B>| {
-                let stats = seat.replica.take_stats();
+            move |worker: &mut Worker<B>| {
+                let stats = worker.replica.take_stats();
                 if !collective {
                     return Ok(stats);
                 }
@@ -470,10 +396,10 @@ impl<B: AutodiffBackend> Replicas<B> {
                     .iter()
                     .flat_map(|s| [s.loss_sum, s.correct as f64])
                     .collect();
-                let peer = seat
+                let peer = worker
                     .peer
                     .expect("a collective run gives every replica a peer");
-                let sums = sum_values::<B::InnerBackend>(&values, peer, &seat.replica.device)?;
+                let sums = sum_values::<B::InnerBackend>(&values, peer, &worker.replica.device)?;
                 Ok(stats
                     .iter()
                     .zip(sums.chunks(2))
@@ -500,12 +426,12 @@ impl<B: AutodiffBackend> Replicas<B> {
         }
         let machines = self.machines;
         self.on_each(|_| {
-            move |seat: &mut Seat<B>| {
-                let peer = seat
+            move |worker: &mut Worker<B>| {
+                let peer = worker
                     .peer
                     .expect("a collective run gives every replica a peer");
                 if machines {
-                    sum_values::<B::InnerBackend>(&[0.0], peer, &seat.replica.device)?;
+                    sum_values::<B::InnerBackend>(&[0.0], peer, &worker.replica.device)?;
                 } else {
                     collective::finish_collective::<B::InnerBackend>(peer)
                         .map_err(ParallelError::from)?;
@@ -527,17 +453,17 @@ impl<B: AutodiffBackend> Replicas<B> {
     fn on_each<T, J>(&mut self, mut job: impl FnMut(usize) -> J) -> Result<Vec<T>, TrainError>
     where
         T: Send + 'static,
-        J: FnOnce(&mut Seat<B>) -> Result<T, TrainError> + Send + 'static,
+        J: FnOnce(&mut Worker<B>) -> Result<T, TrainError> + Send + 'static,
     {
-        let senders = match &mut self.seats {
-            Seats::Here(seat) => return job(0)(&mut **seat).map(|value| vec![value]),
-            Seats::Threads(senders) => senders,
+        let senders = match &mut self.workers {
+            Workers::Here(worker) => return job(0)(&mut **worker).map(|value| vec![value]),
+            Workers::Threads(senders) => senders,
         };
         let (reply, replies) = mpsc::channel();
         for (i, sender) in senders.iter().enumerate() {
             let (work, reply) = (job(i), reply.clone());
-            let task: Job<B> = Box::new(move |seat| {
-                let _ = reply.send((i, catch_unwind(AssertUnwindSafe(|| work(seat)))));
+            let task: Job<B> = Box::new(move |worker| {
+                let _ = reply.send((i, catch_unwind(AssertUnwindSafe(|| work(worker)))));
             });
             sender
                 .send(task)
@@ -621,16 +547,16 @@ fn failed(replica: usize, message: &str) -> TrainError {
 }
 
 /// Starts the long-lived thread of replica `index`.
-fn spawn_seat<B: AutodiffBackend>(
+fn spawn_worker<B: AutodiffBackend>(
     index: usize,
-    mut seat: Seat<B>,
+    mut worker: Worker<B>,
 ) -> Result<mpsc::Sender<Job<B>>, TrainError> {
     let (sender, jobs) = mpsc::channel::<Job<B>>();
     std::thread::Builder::new()
         .name(format!("{REPLICA_THREAD}{index}"))
         .spawn(move || {
             while let Ok(job) = jobs.recv() {
-                job(&mut seat);
+                job(&mut worker);
             }
         })
         .map_err(|e| failed(index, &format!("cannot start its thread: {e}")))?;
@@ -639,7 +565,7 @@ fn spawn_seat<B: AutodiffBackend>(
 
 /// What a machine asks of the whole run at a step (see [`Replicas::step`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Asks {
+pub struct StepRequests {
     /// Stop after this step with a checkpoint (Ctrl-C).
     pub stop: bool,
     /// Write a checkpoint after this step (`checkpoints.every_minutes`, which each machine's
@@ -653,10 +579,10 @@ pub struct Asks {
 fn over_machines<B: AutodiffBackend>(
     plan: StepPlan,
     batches: &[DeviceBatch<B>],
-    seat: &Seat<B>,
-    asks: Asks,
-) -> Result<(StepPlan, Asks), TrainError> {
-    let peer = seat
+    worker: &Worker<B>,
+    asks: StepRequests,
+) -> Result<(StepPlan, StepRequests), TrainError> {
+    let peer = worker
         .peer
         .expect("a multi-machine run gives every replica a peer");
     let flag = |on: bool| f64::from(u8::from(on));
@@ -674,7 +600,7 @@ fn over_machines<B: AutodiffBackend>(
             [f64::from(u8::from(images == 0)), images as f64]
         }));
     }
-    let counts = sum_values::<B::InnerBackend>(&counts, peer, &seat.replica.device)?;
+    let counts = sum_values::<B::InnerBackend>(&counts, peer, &worker.replica.device)?;
     let sync_bn = match plan.sync_bn.is_empty() {
         true => Vec::new(),
         false => counts[4..]
@@ -682,7 +608,7 @@ fn over_machines<B: AutodiffBackend>(
             .map(|c| (c[0] == 0.0).then_some(c[1] as usize))
             .collect(),
     };
-    let agreed = Asks {
+    let agreed = StepRequests {
         stop: counts[2] > 0.0,
         checkpoint: counts[3] > 0.0,
     };
@@ -713,7 +639,7 @@ pub fn split(batch: HostBatch, parts: usize) -> Vec<HostBatch> {
     let mut skipped = Some(batch.skipped);
     (0..parts)
         .map(|i| {
-            let range = kiln_data::Shard {
+            let range = kiln_data::BatchShare {
                 index: i,
                 count: parts,
             }
@@ -729,24 +655,6 @@ pub fn split(batch: HostBatch, parts: usize) -> Vec<HostBatch> {
             }
         })
         .collect()
-}
-
-/// Starts burn-collective's global orchestrator on `port`, in the background for the life of
-/// the process. A port already taken is an error here, rather than the orchestrator's log line
-/// while every machine waits for it.
-fn start_coordinator(port: u16) -> Result<(), ParallelError> {
-    std::net::TcpListener::bind(("0.0.0.0", port))
-        .map_err(|error| ParallelError::CoordinatorPort(port, error.to_string()))?;
-    std::thread::spawn(move || {
-        match tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-        {
-            Ok(runtime) => runtime.block_on(collective::start_global_orchestrator(port)),
-            Err(error) => eprintln!("error: cannot start the coordinator on port {port}: {error}"),
-        }
-    });
-    Ok(())
 }
 
 #[cfg(test)]
@@ -782,24 +690,5 @@ mod tests {
     fn a_batch_smaller_than_the_replicas_leaves_some_empty() {
         let sizes: Vec<usize> = split(batch(1), 2).iter().map(|p| p.labels.len()).collect();
         assert_eq!(sizes, [1, 0]);
-    }
-
-    #[test]
-    fn default_node_address_is_on_the_route_to_the_coordinator() {
-        let cluster = Cluster {
-            nodes: 2,
-            rank: 1,
-            coordinator: "127.0.0.1:29500".into(),
-            node_address: None,
-        };
-        assert_eq!(
-            cluster.node_address().unwrap(),
-            ("127.0.0.1:29502".to_string(), 29502)
-        );
-        let bad = Cluster {
-            coordinator: "no-port".into(),
-            ..cluster
-        };
-        assert!(matches!(bad.node_address(), Err(ParallelError::Address(_))));
     }
 }

@@ -7,11 +7,11 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::config::TrainConfig;
 use crate::confusion::{COUNTED_CLASSES, Confusion, matrix_svg};
 use crate::epoch::EpochSummary;
 use crate::figures::Figures;
 use crate::plot::escape;
+use kiln_config::config::TrainConfig;
 
 /// What the page shows beyond the config.
 pub struct ReportInputs<'a> {

@@ -12,7 +12,7 @@ use image::RgbImage;
 use image::imageops::FilterType;
 use kiln_data::Loader;
 
-use crate::evaluate::{Evaluation, ImagePrediction};
+use crate::evaluation::{Evaluation, ImagePrediction};
 use crate::plot::escape;
 
 /// Images of each kind a run's page shows.
@@ -212,7 +212,7 @@ pub fn png_data_uri(image: &RgbImage) -> String {
 /// mistakes and least confident right answers, one self-contained file.
 pub fn page(title: &str, evaluation: &Evaluation, loader: &Loader, count: usize) -> String {
     let mistakes = select(&evaluation.predictions, count);
-    let mut html = crate::report::page_head(title);
+    let mut html = crate::run_report::page_head(title);
     let _ = writeln!(
         html,
         "<p class=\"where\">{} validation images: top-1 {:.2}%, top-5 {:.2}%, loss {:.4}; {} wrong</p>",

@@ -5,7 +5,7 @@
 
 use crate::epoch::EpochSummary;
 use crate::iterations::StepLoss;
-use crate::plot::{Chart, PALETTE, Series, Style, YFormat, smooth, smoothing_weight};
+use crate::plot::{Chart, PALETTE, Series, Style, XAxis, YFormat, smooth, smoothing_weight};
 
 /// The three plots' SVG markup.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,6 +21,7 @@ impl Figures {
     pub fn new(history: &[EpochSummary], steps: &[StepLoss], lr: &[(f64, f64)]) -> Self {
         let lr = Chart {
             title: "Learning rate",
+            x_axis: XAxis::Epochs,
             y_label: "learning rate",
             y_format: YFormat::Scientific,
             series: vec![Series {
@@ -87,6 +88,7 @@ fn loss_chart(history: &[EpochSummary], steps: &[StepLoss]) -> Chart<'static> {
     });
     Chart {
         title: "Loss",
+        x_axis: XAxis::Epochs,
         y_label: "cross-entropy loss",
         y_format: YFormat::Plain,
         series: without_empty(series),
@@ -118,6 +120,7 @@ fn accuracy_chart(history: &[EpochSummary]) -> Chart<'static> {
     ];
     Chart {
         title: "Accuracy",
+        x_axis: XAxis::Epochs,
         y_label: "accuracy",
         y_format: YFormat::Percent,
         series: without_empty(series),

@@ -66,31 +66,31 @@ pub struct TrainConfig {
     #[serde(default)]
     pub max_memory: Option<MemorySize>,
     #[serde(default)]
-    pub model: ModelSection,
-    pub data: DataSection,
+    pub model: ModelConfig,
+    pub data: DataConfig,
     pub optimizer: OptimizerConfig,
     #[serde(default)]
     pub schedule: ScheduleConfig,
     #[serde(default)]
     pub loss: LossConfig,
     #[serde(default)]
-    pub device: DeviceSection,
+    pub device: DeviceConfig,
     #[serde(default)]
-    pub checkpoints: CheckpointSection,
+    pub checkpoints: CheckpointConfig,
     #[serde(default)]
-    pub logging: LoggingSection,
+    pub logging: LoggingConfig,
     /// A moving average of the weights, validated beside them (absent: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ema: Option<EmaSection>,
+    pub ema: Option<EmaConfig>,
     /// How `kiln eval` evaluates.
     #[serde(default)]
-    pub eval: EvalSection,
+    pub eval: EvalConfig,
     /// Stop once a validation metric stops improving (absent: run every epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub early_stopping: Option<EarlyStoppingSection>,
+    pub early_stopping: Option<EarlyStoppingConfig>,
     /// Mixup and CutMix on the training batches (absent: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mixup: Option<MixupSection>,
+    pub mixup: Option<MixupConfig>,
 }
 
 /// `batch_size`: a number, or `"auto"` for the largest power of two that fits the device.
@@ -198,7 +198,7 @@ fn one() -> usize {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct ModelSection {
+pub struct ModelConfig {
     /// `resnet18`, `resnet34`, `resnet50`, `resnet101` or `resnet152`.
     pub name: String,
     /// `"imagenet"` (7x7 stride-2 convolution and max pool) or `"cifar"` (3x3, no pool).
@@ -221,7 +221,7 @@ pub struct ModelSection {
     pub unfreeze_at_epoch: Option<usize>,
 }
 
-impl Default for ModelSection {
+impl Default for ModelConfig {
     fn default() -> Self {
         Self {
             name: "resnet18".into(),
@@ -237,7 +237,7 @@ impl Default for ModelSection {
     }
 }
 
-impl ModelSection {
+impl ModelConfig {
     /// The network this section describes, for a data set of `data_classes` classes (unless
     /// `num_classes` says otherwise).
     pub fn resnet(&self, data_classes: usize) -> Result<ResNetConfig, ModelError> {
@@ -253,7 +253,7 @@ impl ModelSection {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DataSection {
+pub struct DataConfig {
     pub source: Source,
     #[serde(default)]
     pub train_transforms: Vec<Transform>,
@@ -286,7 +286,7 @@ pub struct DataSection {
     pub max_resize_pixels: u64,
 }
 
-impl DataSection {
+impl DataConfig {
     /// No transforms (ToTensor only), two workers, bad images skipped.
     pub fn new(source: Source) -> Self {
         Self {
@@ -377,7 +377,7 @@ pub struct OptimizerConfig {
     pub clip_grad_value: Option<f64>,
     /// Parameter groups (`[[optimizer.groups]]`), each parameter in the first that names it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub groups: Vec<GroupSection>,
+    pub groups: Vec<GroupConfig>,
     /// Parameters without weight decay, in any group: `["bn", "bias"]` is timm's filter.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub no_weight_decay: Vec<String>,
@@ -387,7 +387,7 @@ pub struct OptimizerConfig {
 /// (torchvision names or prefixes, `"bn"`, `"bias"`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct GroupSection {
+pub struct GroupConfig {
     pub params: Vec<String>,
     /// The group's learning rate is the schedule's times this.
     #[serde(default = "one_f64")]
@@ -540,7 +540,7 @@ impl ClassWeights {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct DeviceSection {
+pub struct DeviceConfig {
     /// As `--backend`: auto, cuda, wgpu, vulkan, metal, flex, ndarray (any case), recorded in
     /// lower case.
     #[serde(with = "backend_choice")]
@@ -557,7 +557,7 @@ pub struct DeviceSection {
     pub tf32: bool,
 }
 
-impl Default for DeviceSection {
+impl Default for DeviceConfig {
     fn default() -> Self {
         Self {
             backend: BackendChoice::Auto,
@@ -587,7 +587,7 @@ mod backend_choice {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct CheckpointSection {
+pub struct CheckpointConfig {
     /// Write a checkpoint every this many epochs (and always after the last).
     pub every_epochs: usize,
     /// Also write one within an epoch every this many optimizer steps, so that a kill loses at
@@ -603,7 +603,7 @@ pub struct CheckpointSection {
     pub keep_best: bool,
 }
 
-impl Default for CheckpointSection {
+impl Default for CheckpointConfig {
     fn default() -> Self {
         Self {
             every_epochs: 1,
@@ -615,12 +615,12 @@ impl Default for CheckpointSection {
     }
 }
 
-/// `[ema]`: the weights' exponential moving average (see `crate::ema`), with timm's defaults.
+/// `[ema]`: the weights' exponential moving average (see `kiln_train::ema`), with timm's defaults.
 /// `decay` applies per update as given; torchvision's recipe derives its own from the batch
 /// size, `every` and the epochs (`1 - (1 - 0.99998) * batch * every / epochs`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct EmaSection {
+pub struct EmaConfig {
     pub decay: f64,
     /// Optimizer steps between updates.
     pub every: usize,
@@ -630,7 +630,7 @@ pub struct EmaSection {
     pub export: bool,
 }
 
-impl Default for EmaSection {
+impl Default for EmaConfig {
     fn default() -> Self {
         Self {
             decay: 0.9998,
@@ -645,7 +645,7 @@ impl Default for EmaSection {
 /// of timm's `train.py`. The loss's `label_smoothing` goes into the soft targets, as timm does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct MixupSection {
+pub struct MixupConfig {
     /// Mixup's Beta(alpha, alpha); 0: no mixup.
     pub mixup_alpha: f64,
     /// CutMix's Beta(alpha, alpha); 0: no CutMix.
@@ -658,7 +658,7 @@ pub struct MixupSection {
     pub mode: MixMode,
 }
 
-impl Default for MixupSection {
+impl Default for MixupConfig {
     fn default() -> Self {
         Self {
             mixup_alpha: 0.0,
@@ -670,7 +670,7 @@ impl Default for MixupSection {
     }
 }
 
-impl MixupSection {
+impl MixupConfig {
     /// The loader's mixing for a model of `classes` outputs.
     pub fn mixing(&self, label_smoothing: f64, classes: usize) -> Mixing {
         Mixing {
@@ -688,7 +688,7 @@ impl MixupSection {
 /// `[eval]`: how `kiln eval` evaluates a model.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct EvalSection {
+pub struct EvalConfig {
     /// Test-time augmentation (`kiln eval --tta hflip` sets it too).
     pub tta: Tta,
 }
@@ -707,7 +707,7 @@ pub enum Tta {
 /// `early_stopping` module's, over the run's history).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct EarlyStoppingSection {
+pub struct EarlyStoppingConfig {
     #[serde(default = "default_stopping_metric")]
     pub metric: StoppingMetric,
     /// Epochs without an improvement before the run stops.
@@ -763,7 +763,7 @@ pub enum StoppingMode {
     Min,
 }
 
-impl EarlyStoppingSection {
+impl EarlyStoppingConfig {
     pub fn higher_is_better(&self) -> bool {
         match self.mode {
             Some(mode) => mode == StoppingMode::Max,
@@ -787,7 +787,7 @@ impl EarlyStoppingSection {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct LoggingSection {
+pub struct LoggingConfig {
     /// Print the running loss every this many iterations.
     pub print_every: usize,
     /// Where run directories go.
@@ -796,7 +796,7 @@ pub struct LoggingSection {
     pub tensorboard: bool,
 }
 
-impl Default for LoggingSection {
+impl Default for LoggingConfig {
     fn default() -> Self {
         Self {
             print_every: 100,
@@ -823,16 +823,16 @@ impl TrainConfig {
             accumulate: 1,
             precision: Precision::F32,
             max_memory: None,
-            model: ModelSection::default(),
-            data: DataSection::new(source),
+            model: ModelConfig::default(),
+            data: DataConfig::new(source),
             optimizer,
             schedule: ScheduleConfig::default(),
             loss: LossConfig::default(),
-            device: DeviceSection::default(),
-            checkpoints: CheckpointSection::default(),
-            logging: LoggingSection::default(),
+            device: DeviceConfig::default(),
+            checkpoints: CheckpointConfig::default(),
+            logging: LoggingConfig::default(),
             ema: None,
-            eval: EvalSection::default(),
+            eval: EvalConfig::default(),
             early_stopping: None,
             mixup: None,
         }
@@ -1040,7 +1040,7 @@ impl TrainConfig {
                 "and optimizer.clip_grad_value: give one of them (as timm's --clip-mode)",
             );
         }
-        o.groups.iter().try_for_each(GroupSection::check)
+        o.groups.iter().try_for_each(GroupConfig::check)
     }
 
     fn check_schedule(&self) -> Checked {
@@ -1161,7 +1161,7 @@ impl TrainConfig {
     }
 }
 
-impl GroupSection {
+impl GroupConfig {
     fn check(&self) -> Checked {
         if self.params.is_empty() {
             return invalid("optimizer.groups", "params must name at least one");

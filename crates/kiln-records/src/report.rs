@@ -11,12 +11,12 @@ use std::path::{Component, Path, PathBuf};
 use crate::epoch::EpochSummary;
 use crate::figures::{per_epoch, smoothed};
 use crate::iterations::{self, StepLoss};
-use crate::plot::{Chart, PALETTE, Series, Style, YFormat, escape};
-use crate::report::page_head;
+use crate::plot::{Chart, PALETTE, Series, Style, XAxis, YFormat, escape};
 use crate::run_dir::RunDir;
+use crate::run_report::page_head;
 
 #[derive(Debug, thiserror::Error)]
-pub enum CompareError {
+pub enum ReportError {
     #[error("{} is not a kiln run folder (it has no config.toml)", .0.display())]
     NotARun(PathBuf),
     #[error("{}: {reason}", path.display())]
@@ -38,11 +38,11 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
-    pub fn read(path: &Path) -> Result<Self, CompareError> {
+    pub fn read(path: &Path) -> Result<Self, ReportError> {
         let run = RunDir::open(path);
         let text = std::fs::read_to_string(run.config_path())
-            .map_err(|_| CompareError::NotARun(path.to_path_buf()))?;
-        let config: toml::Value = toml::from_str(&text).map_err(|e| CompareError::Config {
+            .map_err(|_| ReportError::NotARun(path.to_path_buf()))?;
+        let config: toml::Value = toml::from_str(&text).map_err(|e| ReportError::Config {
             path: run.config_path(),
             reason: e.to_string(),
         })?;
@@ -103,9 +103,9 @@ pub fn differences(configs: &[&BTreeMap<String, String>]) -> Vec<(String, Vec<Op
 
 /// The comparison page of the runs in `runs`, to be written into folder `out_dir` (its links
 /// to each run's own page are relative to it).
-pub fn compare_page(runs: &[PathBuf], out_dir: &Path) -> Result<String, CompareError> {
+pub fn runs_page(runs: &[PathBuf], out_dir: &Path) -> Result<String, ReportError> {
     if runs.is_empty() {
-        return Err(CompareError::NoRuns);
+        return Err(ReportError::NoRuns);
     }
     let runs: Vec<RunRecord> = (runs.iter())
         .map(|path| RunRecord::read(path))
@@ -228,6 +228,7 @@ fn charts(runs: &[RunRecord]) -> Vec<Chart<'static>> {
     }
     let chart = |title, y_label, y_format, series: Vec<Series>| Chart {
         title,
+        x_axis: XAxis::Epochs,
         y_label,
         y_format,
         series: series
@@ -317,8 +318,8 @@ mod tests {
         let missing = Path::new("/nowhere/at/all/report.html");
         assert_eq!(relative(dir.path(), missing), "/nowhere/at/all/report.html");
         assert!(matches!(
-            compare_page(&[dir.path().join("pages")], dir.path()),
-            Err(CompareError::NotARun(_))
+            runs_page(&[dir.path().join("pages")], dir.path()),
+            Err(ReportError::NotARun(_))
         ));
     }
 }

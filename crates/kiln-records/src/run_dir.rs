@@ -5,12 +5,10 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use plotters::prelude::*;
-
-use crate::config::{ConfigError, TrainConfig};
 use crate::confusion::{Confusion, heat_map};
 use crate::epoch::EpochSummary;
 use crate::figures::Figures;
+use kiln_config::config::{ConfigError, TrainConfig};
 
 #[derive(Debug)]
 pub struct RunDir {
@@ -18,7 +16,8 @@ pub struct RunDir {
 }
 
 impl RunDir {
-    /// Creates `runs_dir/<name>-<timestamp>` and writes the resolved config into it.
+    /// Creates `runs_dir/<name>-<timestamp>` for `config`'s run. The loop records the config
+    /// there once it is settled ([`RunDir::record_config`]).
     pub fn create(runs_dir: &Path, config: &TrainConfig) -> std::io::Result<Self> {
         let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
         let safe_name: String = config
@@ -46,12 +45,10 @@ impl RunDir {
             }
         }
         std::fs::create_dir_all(path.join("checkpoints"))?;
-        let dir = Self { path };
-        dir.record_config(config)?;
-        Ok(dir)
+        Ok(Self { path })
     }
 
-    /// Writes the config the run trains with (again, once `batch_size = "auto"` is settled).
+    /// Writes the config the run trains with, as settled for its devices.
     pub fn record_config(&self, config: &TrainConfig) -> std::io::Result<()> {
         write_atomically(&self.config_path(), config.to_toml().as_bytes())
     }
@@ -209,10 +206,12 @@ impl RunDir {
     }
 }
 
-/// Where `kiln train` starts: a new run directory for a config, or a stopped run to resume.
+/// Where `kiln train` starts: a new run directory for a config file or a config built in code,
+/// or a stopped run to resume.
 #[derive(Debug, Clone, Copy)]
 pub enum Start<'a> {
     New { config: &'a Path },
+    Built { config: &'a TrainConfig },
     Resume { run: &'a Path },
 }
 
@@ -240,11 +239,11 @@ pub enum OpenRunError {
 }
 
 /// Opens the run `start` names with `overrides` applied: a new directory under the config's
-/// `logging.runs_dir` (holding the config), or an existing one, whose recorded config the
+/// `logging.runs_dir`, or an existing one, whose recorded config the
 /// overrides may change only where the saved position keeps its meaning
 /// ([`TrainConfig::check_resume_change`]).
 pub fn open_run(start: Start<'_>, overrides: &[String]) -> Result<OpenRun, OpenRunError> {
-    match start {
+    let config = match start {
         Start::Resume { run: dir } => {
             let run = RunDir::open(dir);
             if !run.config_path().is_file() {
@@ -252,26 +251,28 @@ pub fn open_run(start: Start<'_>, overrides: &[String]) -> Result<OpenRun, OpenR
             }
             let config = TrainConfig::load(&run.config_path(), overrides)?;
             config.check_resume_change(&TrainConfig::load(&run.config_path(), &[])?)?;
-            Ok(OpenRun {
+            return Ok(OpenRun {
                 config,
                 run,
                 resume: true,
-            })
+            });
         }
-        Start::New { config: path } => {
-            let config = TrainConfig::load(path, overrides)?;
-            let runs = &config.logging.runs_dir;
-            let run = RunDir::create(runs, &config).map_err(|source| OpenRunError::Create {
-                runs: runs.clone(),
-                source,
-            })?;
-            Ok(OpenRun {
-                config,
-                run,
-                resume: false,
-            })
+        Start::New { config: path } => TrainConfig::load(path, overrides)?,
+        Start::Built { config } if overrides.is_empty() => config.clone(),
+        Start::Built { config } => {
+            TrainConfig::parse(&config.to_toml(), Path::new("(built config)"), overrides)?
         }
-    }
+    };
+    let runs = &config.logging.runs_dir;
+    let run = RunDir::create(runs, &config).map_err(|source| OpenRunError::Create {
+        runs: runs.clone(),
+        source,
+    })?;
+    Ok(OpenRun {
+        config,
+        run,
+        resume: false,
+    })
 }
 
 /// What `kiln eval` evaluates: a run's model (or other weights) with the run's config, or
@@ -354,49 +355,6 @@ pub fn summary_text(
     text
 }
 
-pub(crate) fn line_plot(
-    path: &Path,
-    title: &str,
-    x_label: &str,
-    lines: &[(&str, Vec<(f64, f64)>)],
-) -> Result<(), Box<dyn std::error::Error>> {
-    let points = lines.iter().flat_map(|(_, l)| l.iter());
-    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for &(x, y) in points {
-        (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
-    }
-    if x0 > x1 {
-        return Ok(());
-    }
-    let pad = ((y1 - y0) * 0.05).max(1e-9);
-    let root = SVGBackend::new(path, (640, 400)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(60)
-        .build_cartesian_2d(x0..x1.max(x0 + 1.0), (y0 - pad)..(y1 + pad))?;
-    chart.configure_mesh().x_desc(x_label).draw()?;
-    for (i, (name, line)) in lines.iter().enumerate() {
-        let colour = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(
-                line.iter().copied(),
-                colour.stroke_width(2),
-            ))?
-            .label(*name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
-}
-
 /// Writes `bytes` to a temporary file beside `path` and renames it into place.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut name = path.as_os_str().to_owned();
@@ -438,8 +396,10 @@ mod tests {
         let overrides = ["epochs=3".to_string()];
         let new = open_run(Start::New { config: &file }, &overrides).unwrap();
         assert!(!new.resume);
-        assert!(new.run.path.starts_with(&runs) && new.run.config_path().is_file());
+        // The loop records the config once it is settled; until then the folder is empty.
+        assert!(new.run.path.starts_with(&runs) && !new.run.config_path().exists());
         assert_eq!(new.config.epochs, 3);
+        new.run.record_config(&new.config).unwrap();
 
         let resumed = open_run(Start::Resume { run: &new.run.path }, &[]).unwrap();
         assert!(resumed.resume);
@@ -460,6 +420,21 @@ mod tests {
                 .ends_with("is not a kiln run directory (it has no config.toml)"),
             "{err}"
         );
+    }
+
+    /// A config built in code starts a run as a file's does, `--set` included.
+    #[test]
+    fn a_built_config_starts_a_run_with_the_overrides_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path().join("runs");
+        let file = config_in(dir.path(), &runs);
+        let built = TrainConfig::load(&file, &[]).unwrap();
+        let start = Start::Built { config: &built };
+        let new = open_run(start, &["epochs=4".to_string()]).unwrap();
+        assert!(!new.resume && new.run.path.starts_with(&runs));
+        assert_eq!((new.config.epochs, built.epochs), (4, 1));
+        let plain = open_run(start, &[]).unwrap();
+        assert_eq!(plain.config, built);
     }
 
     #[test]
@@ -484,7 +459,9 @@ mod tests {
     fn eval_takes_a_runs_config_and_model_or_the_weights_given() {
         let dir = tempfile::tempdir().unwrap();
         let file = config_in(dir.path(), &dir.path().join("runs"));
-        let run = open_run(Start::New { config: &file }, &[]).unwrap().run;
+        let new = open_run(Start::New { config: &file }, &[]).unwrap();
+        new.run.record_config(&new.config).unwrap();
+        let run = new.run;
         let source = EvalSource::Run {
             run: &run.path,
             weights: None,

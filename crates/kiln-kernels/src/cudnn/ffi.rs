@@ -369,6 +369,11 @@ impl ConvDesc {
             },
             "cudnnSetConvolution2dDescriptor",
         )?;
+        // SAFETY: `desc.0` is a live descriptor; the filter descriptor is `[K, C / groups, R, S]`.
+        check(
+            unsafe { sys::cudnnSetConvolutionGroupCount(desc.0, geometry.groups as i32) },
+            "cudnnSetConvolutionGroupCount",
+        )?;
         Ok(desc)
     }
 

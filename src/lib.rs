@@ -427,7 +427,10 @@ pub fn parse_stem(s: &str) -> Result<Stem, String> {
     match s {
         "imagenet" => Ok(Stem::Imagenet),
         "cifar" => Ok(Stem::Cifar),
-        other => Err(format!("unknown stem `{other}`: choose imagenet or cifar")),
+        "deep" => Ok(Stem::Deep),
+        other => Err(format!(
+            "unknown stem `{other}`: choose imagenet (the network's own), cifar or deep"
+        )),
     }
 }
 

@@ -40,7 +40,7 @@ enum Command {
 
     /// Classify image files with a ResNet and print each one's top classes.
     #[command(
-        after_help = "Examples:\n  kiln predict cat.jpg dog.png --model resnet50 --pretrained torchvision\n  kiln predict img.png --model resnet18 --pretrained runs/x/model.safetensors --num-classes 10 --classes names.txt"
+        after_help = "Examples:\n  kiln predict cat.jpg dog.png --model resnet50 --pretrained torchvision\n  kiln predict cat.jpg --model resnext50_32x4d --pretrained torchvision:IMAGENET1K_V2\n  kiln predict cat.jpg --pretrained hf-hub:timm/resnet50d.ra2_in1k\n  kiln predict img.png --model resnet18 --pretrained runs/x/model.safetensors --num-classes 10 --classes names.txt"
     )]
     Predict(predict::PredictArgs),
 

@@ -36,7 +36,10 @@ fn main() -> anyhow::Result<()> {
     config.model.name = "resnet50".into();
     config.model.pretrained = Some("torchvision".into());
     let eval_transforms = vec![
-        Resize { size: 256 },
+        Resize {
+            size: 256,
+            interpolation: Default::default(),
+        },
         CenterCrop { size: 224 },
         ToTensor,
         Normalize {

@@ -26,7 +26,7 @@ pub struct CompareArgs {
     #[arg(long)]
     reference: Option<String>,
 
-    /// resnet18, resnet34, resnet50, resnet101 or resnet152.
+    /// resnet18 ... resnet152, resnext50_32x4d, wide_resnet50_2, resnet50d, ... (at --width).
     #[arg(long, default_value = "resnet18")]
     model: String,
 

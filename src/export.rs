@@ -33,7 +33,7 @@ pub struct ExportArgs {
     /// --weights without --run). 0 leaves height and width dynamic.
     #[arg(long)]
     image_size: Option<usize>,
-    /// Without --run: resnet18, resnet34, resnet50, resnet101 or resnet152.
+    /// Without --run: resnet18 ... resnet152, resnext50_32x4d, wide_resnet50_2, resnet50d, ...
     #[arg(long, default_value = "resnet50")]
     model: String,
     /// Without --run: the classifier's classes.

@@ -39,7 +39,7 @@ enum Command {
 
     /// Classify image files with a ResNet and print each one's top classes.
     #[command(
-        after_help = "Examples:\n  kiln predict cat.jpg dog.png --model resnet50 --pretrained torchvision\n  kiln predict img.png --model resnet18 --pretrained runs/x/model.safetensors --num-classes 10 --classes names.txt"
+        after_help = "Examples:\n  kiln predict cat.jpg dog.png --model resnet50 --pretrained torchvision\n  kiln predict cat.jpg --model resnext50_32x4d --pretrained torchvision:IMAGENET1K_V2\n  kiln predict cat.jpg --pretrained hf-hub:timm/resnet50d.ra2_in1k\n  kiln predict img.png --model resnet18 --pretrained runs/x/model.safetensors --num-classes 10 --classes names.txt"
     )]
     Predict(predict::PredictArgs),
 
@@ -193,11 +193,14 @@ fn install_logger() {
     .init();
 }
 
-/// `--stem imagenet|cifar`, for the commands that take a network without a config.
+/// `--stem imagenet|cifar|deep`, for the commands that take a network without a config.
 pub(crate) fn parse_stem(s: &str) -> Result<kiln_models::Stem, String> {
     match s {
         "imagenet" => Ok(kiln_models::Stem::Imagenet),
         "cifar" => Ok(kiln_models::Stem::Cifar),
-        other => Err(format!("unknown stem `{other}`: choose imagenet or cifar")),
+        "deep" => Ok(kiln_models::Stem::Deep),
+        other => Err(format!(
+            "unknown stem `{other}`: choose imagenet (the network's own), cifar or deep"
+        )),
     }
 }

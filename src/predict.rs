@@ -5,9 +5,8 @@ use std::path::PathBuf;
 use crate::parse_stem;
 use clap::Args;
 use kiln_backend::{probe, resolve};
-use kiln_data::EvalTransform;
-use kiln_models::{ResNetConfig, Stem};
-use kiln_train::predict::{PredictRequest, Weights};
+use kiln_models::Stem;
+use kiln_train::predict::{PredictRequest, PredictSetup, Weights};
 
 use crate::DeviceArgs;
 
@@ -16,33 +15,37 @@ pub struct PredictArgs {
     /// Image files (JPEG, PNG, WebP, BMP, GIF, TIFF).
     #[arg(required = true)]
     images: Vec<PathBuf>,
-    /// resnet18, resnet34, resnet50, resnet101 or resnet152.
-    #[arg(long, default_value = "resnet50")]
-    model: String,
-    /// `torchvision` for torchvision's ImageNet weights, or a weight file (.pth, .safetensors).
+    /// The network (resnet18 ... resnet152, resnext50_32x4d, wide_resnet50_2, resnet50d, ...);
+    /// by default the one the weights name (a Hub model's config), else resnet50.
+    #[arg(long)]
+    model: Option<String>,
+    /// `torchvision` (IMAGENET1K_V1), `torchvision:IMAGENET1K_V2` (or another of torchvision's
+    /// weights, or DEFAULT), `hf-hub:timm/resnet50d.ra2_in1k`, or a weight file (.pth,
+    /// .safetensors).
     #[arg(long, default_value = "torchvision")]
     pretrained: String,
-    /// Never download; use cached weights only.
+    /// Never download; use cached weights only (HF_HUB_OFFLINE=1 does the same for the Hub).
     #[arg(long)]
     offline: bool,
-    /// Classes of the model's classifier.
-    #[arg(long, default_value_t = 1000)]
-    num_classes: usize,
+    /// Classes of the model's classifier (by default the weights', else 1000).
+    #[arg(long)]
+    num_classes: Option<usize>,
     /// A file with one class name per line (ImageNet's names are built in).
     #[arg(long)]
     classes: Option<PathBuf>,
     /// Channels of the first stage, for networks trained narrower than torchvision's 64.
     #[arg(long, default_value_t = 64)]
     width: usize,
-    /// `imagenet` or `cifar`.
+    /// `imagenet` (the network's own), `cifar` or `deep`.
     #[arg(long, default_value = "imagenet", value_parser = parse_stem)]
     stem: Stem,
-    /// The shorter side after resizing (torchvision's `Resize`).
-    #[arg(long, default_value_t = 256)]
-    resize: u32,
-    /// The side of the center crop the model sees (torchvision's `CenterCrop`).
-    #[arg(long, default_value_t = 224)]
-    crop: u32,
+    /// The shorter side after resizing (by default the weights' published transform's, else
+    /// 256).
+    #[arg(long)]
+    resize: Option<u32>,
+    /// The side of the center crop the model sees (by default the weights', else 224).
+    #[arg(long)]
+    crop: Option<u32>,
     /// How many classes to print for each image.
     #[arg(long, default_value_t = 5)]
     top: usize,
@@ -51,19 +54,22 @@ pub struct PredictArgs {
 }
 
 pub fn run(args: PredictArgs) -> anyhow::Result<()> {
-    let model = ResNetConfig::from_name(&args.model)?
-        .with_num_classes(args.num_classes)
-        .with_width(args.width)
-        .with_stem(args.stem);
+    let setup = PredictSetup {
+        model: args.model,
+        pretrained: args.pretrained,
+        download: !args.offline,
+        num_classes: args.num_classes,
+        width: args.width,
+        stem: args.stem,
+        resize: args.resize,
+        crop: args.crop,
+    };
+    let found = kiln_train::predict::resolve(&setup)?;
     let request = PredictRequest {
-        model,
-        weights: Weights::parse(&args.pretrained, !args.offline),
+        model: found.model,
+        weights: Weights::File(found.weights),
         images: args.images,
-        transform: EvalTransform {
-            resize: args.resize,
-            crop: args.crop,
-            ..EvalTransform::imagenet()
-        },
+        transform: found.transform,
         class_names: args.classes,
         top: args.top,
     };

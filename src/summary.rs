@@ -5,13 +5,14 @@ use kiln_models::{ResNetConfig, Stem, Summary};
 
 #[derive(Args)]
 pub struct SummaryArgs {
-    /// resnet18, resnet34, resnet50, resnet101 or resnet152.
+    /// resnet18 ... resnet152, resnext50_32x4d, resnext101_32x8d, resnext101_64x4d,
+    /// wide_resnet50_2, wide_resnet101_2, resnet18d ... resnet200d.
     #[arg(long, default_value = "resnet50")]
     model: String,
     /// The side of the square input.
     #[arg(long, default_value_t = 224)]
     image_size: usize,
-    /// `imagenet` or `cifar`.
+    /// `imagenet` (the network's own), `cifar` or `deep`.
     #[arg(long, default_value = "imagenet", value_parser = crate::parse_stem)]
     stem: Stem,
     /// Channels of the first stage (torchvision's 64).
@@ -32,7 +33,7 @@ pub fn run(args: SummaryArgs) -> anyhow::Result<()> {
     let config = ResNetConfig::from_name(&args.model)?
         .with_width(args.width)
         .with_num_classes(args.num_classes)
-        .with_stem(args.stem);
+        .with_input_stem(args.stem);
     let summary = config.summary(args.image_size, args.image_size)?;
     match args.json {
         true => println!("{}", serde_json::to_string_pretty(&summary)?),

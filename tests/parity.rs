@@ -12,18 +12,24 @@
 
 use std::path::Path;
 
-use kiln::check::{Outcome, parity_on};
+use kiln::check::{Outcome, parity_model_on, parity_on};
 use kiln_backend::{Backend, probe};
+use kiln_models::ResNetConfig;
 
 /// Runs one fixture on every CPU backend compiled in, and on wgpu where an adapter exists.
 fn check_everywhere(fixture: &'static str, depth: usize) {
+    check_model_everywhere(fixture, &kiln_check::parity::fixture_model(depth));
+}
+
+/// [`check_everywhere`] for a fixture of any network of the family.
+fn check_model_everywhere(fixture: &'static str, model: &ResNetConfig) {
     let probe = probe();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let require_wgpu = std::env::var_os("KILN_REQUIRE_WGPU").is_some();
     let mut tested = 0;
     let mut failures = Vec::new();
     for backend in [Backend::Flex, Backend::NdArray, Backend::Wgpu] {
-        let report = match parity_on(backend, &probe, &fixtures, fixture, depth) {
+        let report = match parity_model_on(backend, &probe, &fixtures, fixture, model) {
             Outcome::Compared(report) => report,
             Outcome::Skipped(why)
                 if backend == Backend::Wgpu && require_wgpu && backend.is_compiled() =>
@@ -64,6 +70,28 @@ fn resnet18_structure_matches_pytorch() {
 #[test]
 fn resnet50_structure_matches_pytorch() {
     check_everywhere("resnet50_w4", 50);
+}
+
+/// ResNeXt's grouped 3x3 convolutions (torchvision's Bottleneck with groups; at width 4 the
+/// 32 groups are 2 of 4 channels in layer 1), forward and gradients, on every backend.
+#[test]
+fn resnext50_32x4d_structure_matches_pytorch() {
+    let model = ResNetConfig::from_name("resnext50_32x4d")
+        .unwrap()
+        .with_num_classes(10)
+        .with_width(4);
+    check_model_everywhere("resnext50_32x4d_w4", &model);
+}
+
+/// timm's ResNet-D (its own class and names: the deep stem, average-pool shortcuts, one over a
+/// 7x7 map rounding up), on every backend.
+#[test]
+fn resnet50d_structure_matches_timm() {
+    let model = ResNetConfig::from_name("resnet50d")
+        .unwrap()
+        .with_num_classes(10)
+        .with_width(4);
+    check_model_everywhere("resnet50d_w4", &model);
 }
 
 /// The same check with PyTorch's answer changed a little in one place: the loss 1e-3 off, or

@@ -61,8 +61,16 @@ fn estimates_are_within_a_quarter_of_the_measured_cpu_peak() {
     let dir = tempfile::tempdir().unwrap();
     let resnet18 = config(dir.path(), "resnet18", "cifar", 32, "");
     let resnet50 = config(dir.path(), "resnet50", "imagenet", 64, "");
-    for (config, batches) in [(&resnet18, [8, 32]), (&resnet50, [4, 16])] {
-        for batch in batches {
+    // Grouped convolutions, and ResNet-D's deep stem and pooled shortcuts.
+    let resnext = config(dir.path(), "resnext50_32x4d", "imagenet", 64, "");
+    let resnet50d = config(dir.path(), "resnet50d", "imagenet", 64, "");
+    for (config, batches) in [
+        (&resnet18, &[8, 32][..]),
+        (&resnet50, &[4, 16]),
+        (&resnext, &[8]),
+        (&resnet50d, &[8]),
+    ] {
+        for &batch in batches {
             let (estimate, measured) = estimate_and_measure(config, batch);
             let error = estimate / measured - 1.0;
             println!(

@@ -1,4 +1,4 @@
-//! Full-size torchvision weights: load, match eval logits, export. Ignored by default: it needs
+//! Full-size torchvision (and timm's ResNet-D) weights: load, match eval logits, export. Ignored by default: it needs
 //! `KILN_TORCHVISION_DIR` pointing at the files `tests/fixtures/torchvision_full_size.py write`
 //! made (too large to commit); see that script for the whole round trip.
 
@@ -28,7 +28,13 @@ fn torchvision_weights_round_trip() {
         .expect("set KILN_TORCHVISION_DIR to the folder the script wrote");
     let device = Default::default();
     let input = Tensor::<Flex, 4>::from_data(read(dir.join("input.safetensors"), "input"), &device);
-    for name in ["resnet18", "resnet50"] {
+    for name in [
+        "resnet18",
+        "resnet50",
+        "resnext50_32x4d",
+        "wide_resnet50_2",
+        "resnet50d",
+    ] {
         let model = ResNetConfig::from_name(name)
             .unwrap()
             .init::<Flex>(&device)

@@ -177,7 +177,10 @@ fn kiln_images_per_second(
     passes: usize,
 ) -> anyhow::Result<f64> {
     let pipeline = Pipeline::new(&[
-        Transform::Resize { size: 256 },
+        Transform::Resize {
+            size: 256,
+            interpolation: Default::default(),
+        },
         Transform::CenterCrop { size: 224 },
         Transform::ToTensor,
         Transform::Normalize {

@@ -2,8 +2,8 @@
 //!
 //! - `lint`: rustfmt check and clippy with warnings as errors, as CI expects them.
 //! - `fixtures`: regenerate the PyTorch parity fixtures in `tests/fixtures/` and PyTorch's
-//!   training runs in `tests/fixtures/trajectory/` (needs a `.venv` with torch, torchvision and
-//!   safetensors).
+//!   training runs in `tests/fixtures/trajectory/` (needs a `.venv` with torch, torchvision, timm
+//!   and safetensors).
 //! - `compare [--kiln PATH] [kiln compare options]`: builds kiln with the backends asked for
 //!   (or takes the binary at PATH) and checks that they agree (`kiln compare`; add
 //!   `--trajectories tests/fixtures/trajectory` for PyTorch's training runs); CI runs it with
@@ -95,12 +95,14 @@ fn fixtures(root: &Path) -> anyhow::Result<()> {
     let python = root.join(".venv/bin/python");
     if !python.exists() {
         bail!(
-            "{} is missing: create it with `python3 -m venv .venv && .venv/bin/pip install torch torchvision safetensors matplotlib`",
+            "{} is missing: create it with `python3 -m venv .venv && .venv/bin/pip install torch torchvision timm safetensors matplotlib`",
             python.display()
         );
     }
     for script in [
         "tests/fixtures/make_resnet_fixtures.py",
+        "tests/fixtures/make_family_fixtures.py",
+        "tests/fixtures/make_hub_fixtures.py",
         "tests/fixtures/trajectory/make_trajectories.py",
     ] {
         let script = root.join(script);

@@ -231,7 +231,20 @@ pub fn parity_on(
     name: &str,
     depth: usize,
 ) -> Outcome<Parity> {
-    attempt(backend, probe, OneStep { dir, name, depth })
+    let model = parity::fixture_model(depth);
+    parity_model_on(backend, probe, dir, name, &model)
+}
+
+/// [`parity_on`] for a fixture of any network of the family (`model`: its config, at the
+/// fixture's width and class count).
+pub fn parity_model_on(
+    backend: Backend,
+    probe: &Probe,
+    dir: &Path,
+    name: &str,
+    model: &ResNetConfig,
+) -> Outcome<Parity> {
+    attempt(backend, probe, OneStep { dir, name, model })
 }
 
 /// PyTorch's training run `run` of `fixture`, set up as `setup` says (a mutation test changes
@@ -310,14 +323,14 @@ impl BackendTask for FollowPyTorch {
 struct OneStep<'a> {
     dir: &'a Path,
     name: &'a str,
-    depth: usize,
+    model: &'a ResNetConfig,
 }
 
 impl BackendTask for OneStep<'_> {
     type Output = Result<Parity, CheckError>;
 
     fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output {
-        parity::check::<B>(self.dir, self.name, self.depth, &devices[0])
+        parity::check_model::<B>(self.dir, self.name, self.model, &devices[0])
     }
 }
 

@@ -83,11 +83,28 @@ fn relative_error(actual: &TensorData, expected: &TensorData) -> Result<f64, Str
     Ok(worst / scale)
 }
 
+/// The network of `make_resnet_fixtures.py`'s files: a ResNet of `depth` layers, width 4, 10
+/// classes.
+pub fn fixture_model(depth: usize) -> ResNetConfig {
+    ResNetConfig::new(depth).with_num_classes(10).with_width(4)
+}
+
 /// Runs fixture `name` (a ResNet of `depth` layers, width 4, 10 classes) from `dir` on `device`.
 pub fn check<B: AutodiffBackend>(
     dir: &Path,
     name: &str,
     depth: usize,
+    device: &B::Device,
+) -> Result<Parity, CheckError> {
+    check_model::<B>(dir, name, &fixture_model(depth), device)
+}
+
+/// Runs fixture `name`, whose network is `model` (any of the family: `make_family_fixtures.py`
+/// writes ResNeXt's and ResNet-D's), from `dir` on `device`.
+pub fn check_model<B: AutodiffBackend>(
+    dir: &Path,
+    name: &str,
+    model: &ResNetConfig,
     device: &B::Device,
 ) -> Result<Parity, CheckError> {
     let reference = read_tensors(&dir.join(format!("{name}_expected.safetensors")))?;
@@ -99,10 +116,7 @@ pub fn check<B: AutodiffBackend>(
     };
     let mut parity = Parity::default();
 
-    let model = ResNetConfig::new(depth)
-        .with_num_classes(10)
-        .with_width(4)
-        .init::<B>(device)?;
+    let model = model.init::<B>(device)?;
     let (model, _) = weights::load(model, &dir.join(format!("{name}.pth")))?;
     let input = Tensor::<B, 4>::from_data(tensor("input")?, device);
     let target = Tensor::<B, 1, Int>::from_data(tensor("target")?, device);

@@ -199,9 +199,11 @@ fn one() -> usize {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// `resnet18`, `resnet34`, `resnet50`, `resnet101` or `resnet152`.
+    /// One of `kiln_models::MODEL_NAMES`: `resnet18` to `resnet152`, `resnext50_32x4d`,
+    /// `wide_resnet50_2`, `resnet50d`, ...
     pub name: String,
-    /// `"imagenet"` (7x7 stride-2 convolution and max pool) or `"cifar"` (3x3, no pool).
+    /// `"imagenet"` (the network's own: a 7x7 stride-2 convolution and max pool, ResNet-D's deep
+    /// stem), `"cifar"` (3x3, no pool) or `"deep"`.
     pub stem: Stem,
     pub width: usize,
     /// The data set's class count when absent.
@@ -243,7 +245,7 @@ impl ModelConfig {
     pub fn resnet(&self, data_classes: usize) -> Result<ResNetConfig, ModelError> {
         let mut config = ResNetConfig::from_name(&self.name)?;
         config.num_classes = self.num_classes.unwrap_or(data_classes);
-        config.stem = self.stem;
+        config = config.with_input_stem(self.stem);
         config.width = self.width;
         config.zero_init_residual = self.zero_init_residual;
         config.freeze_batch_norm = self.freeze_batch_norm;
@@ -1337,7 +1339,11 @@ lr = 0.1
     fn closed_choices_name_the_file_the_key_and_the_choices() {
         for (set, key, choices) in [
             ("precision=fp8", "precision", "`f32`, `bf16`, `f16`"),
-            ("model.stem=tiny", "model.stem", "`imagenet` or `cifar`"),
+            (
+                "model.stem=tiny",
+                "model.stem",
+                "`imagenet`, `cifar`, `deep`",
+            ),
             ("device.backend=tpu", "device.backend", "auto, cuda, wgpu"),
             (
                 "early_stopping={ patience = 1, metric = 'top1' }",

@@ -36,4 +36,4 @@ pub use loader::{BatchShare, Batches, HostBatch, Loader, LoaderConfig, OnBadImag
 pub use mix::{MixMode, Mixing};
 pub use source::{Source, Splits};
 pub use synthetic::Synthetic;
-pub use transforms::{EvalTransform, Pipeline, Transform};
+pub use transforms::{EvalTransform, Pipeline, Resample, Transform};

@@ -26,8 +26,13 @@ pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Transform {
-    /// `Resize(size)`: the shorter side becomes `size`, antialiased bilinear.
-    Resize { size: u32 },
+    /// `Resize(size, interpolation)`: the shorter side becomes `size`, antialiased as Pillow
+    /// resamples (`interpolation` "bilinear", torchvision's default, or "bicubic", timm's).
+    Resize {
+        size: u32,
+        #[serde(default, skip_serializing_if = "Resample::is_bilinear")]
+        interpolation: Resample,
+    },
     /// `CenterCrop(size)`, padding with black when the image is smaller.
     CenterCrop { size: u32 },
     /// `RandomResizedCrop(size, scale, ratio)`.
@@ -116,6 +121,31 @@ pub enum Transform {
     },
 }
 
+/// How `Resize` resamples: Pillow's antialiased filters, as torchvision runs them on PIL images.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Resample {
+    /// `InterpolationMode.BILINEAR`: Pillow's triangle filter.
+    #[default]
+    Bilinear,
+    /// `InterpolationMode.BICUBIC`: Pillow's cubic filter (a = -0.5).
+    Bicubic,
+}
+
+impl Resample {
+    fn is_bilinear(&self) -> bool {
+        *self == Resample::Bilinear
+    }
+
+    /// fast_image_resize's filter that computes Pillow's (its Catmull-Rom is Pillow's bicubic).
+    fn filter(self) -> FilterType {
+        match self {
+            Resample::Bilinear => FilterType::Bilinear,
+            Resample::Bicubic => FilterType::CatmullRom,
+        }
+    }
+}
+
 /// What `random_erasing` writes into its box.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -179,7 +209,7 @@ impl Transform {
             _ => Ok(()),
         };
         match *self {
-            Transform::Resize { size } => positive("resize", size),
+            Transform::Resize { size, .. } => positive("resize", size),
             Transform::CenterCrop { size } => positive("center_crop", size),
             Transform::RandomCrop { size, .. } => positive("random_crop", size),
             Transform::RandomResizedCrop { size, scale, ratio } => {
@@ -285,7 +315,10 @@ impl Transform {
     /// Applies an image-to-image step (everything but `ToTensor` and `Normalize`).
     fn apply(&self, image: RgbImage, rng: &mut impl Rng) -> RgbImage {
         match *self {
-            Transform::Resize { size } => resize_shorter_side(&image, size),
+            Transform::Resize {
+                size,
+                interpolation,
+            } => resize_shorter_side_with(&image, size, interpolation),
             Transform::CenterCrop { size } => center_crop(&image, size),
             Transform::RandomResizedCrop { size, scale, ratio } => {
                 let (top, left, height, width) = random_resized_crop_box(&image, scale, ratio, rng);
@@ -433,7 +466,7 @@ impl Pipeline {
         let mut size = input;
         for step in &self.image_steps {
             size = match *step {
-                Transform::Resize { size: side } => shorter_side_to(size.0, size.1, side),
+                Transform::Resize { size: side, .. } => shorter_side_to(size.0, size.1, side),
                 Transform::CenterCrop { size: side }
                 | Transform::RandomResizedCrop { size: side, .. }
                 | Transform::RandomCrop { size: side, .. } => (side, side),
@@ -452,7 +485,9 @@ impl Pipeline {
         self.image_steps
             .iter()
             .fold(input, |size, step| match *step {
-                Transform::Resize { size: side } => size.map(|(w, h)| shorter_side_to(w, h, side)),
+                Transform::Resize { size: side, .. } => {
+                    size.map(|(w, h)| shorter_side_to(w, h, side))
+                }
                 Transform::CenterCrop { size: side }
                 | Transform::RandomResizedCrop { size: side, .. }
                 | Transform::RandomCrop { size: side, .. } => Some((side, side)),
@@ -504,12 +539,13 @@ impl Pipeline {
     }
 }
 
-/// `Resize(resize)`, `CenterCrop(crop)`, `ToTensor()`, `Normalize(mean, std)`: the evaluation
-/// pipeline of torchvision's ImageNet models.
+/// `Resize(resize, interpolation)`, `CenterCrop(crop)`, `ToTensor()`, `Normalize(mean, std)`:
+/// the evaluation pipeline of torchvision's ImageNet models (and timm's, bicubic).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EvalTransform {
     pub resize: u32,
     pub crop: u32,
+    pub interpolation: Resample,
     pub mean: [f32; 3],
     pub std: [f32; 3],
 }
@@ -520,6 +556,7 @@ impl EvalTransform {
         Self {
             resize: 256,
             crop: 224,
+            interpolation: Resample::Bilinear,
             mean: IMAGENET_MEAN,
             std: IMAGENET_STD,
         }
@@ -527,7 +564,7 @@ impl EvalTransform {
 
     /// The image as a `[3, crop, crop]` CHW buffer of normalized floats.
     pub fn apply(&self, image: &RgbImage) -> Vec<f32> {
-        let resized = resize_shorter_side(image, self.resize);
+        let resized = resize_shorter_side_with(image, self.resize, self.interpolation);
         let cropped = center_crop(&resized, self.crop);
         to_normalized_chw(&cropped, self.mean, self.std)
     }
@@ -536,9 +573,14 @@ impl EvalTransform {
 /// torchvision's `Resize(size)` with an int: the shorter side becomes `size`, the longer one
 /// `int(size * long / short)`.
 pub fn resize_shorter_side(image: &RgbImage, size: u32) -> RgbImage {
+    resize_shorter_side_with(image, size, Resample::Bilinear)
+}
+
+/// [`resize_shorter_side`] with `interpolation`.
+pub fn resize_shorter_side_with(image: &RgbImage, size: u32, interpolation: Resample) -> RgbImage {
     let (w, h) = image.dimensions();
     let (new_w, new_h) = shorter_side_to(w, h, size);
-    resize_exact(image, new_w.max(1), new_h.max(1))
+    resize_exact_with(image, new_w.max(1), new_h.max(1), interpolation)
 }
 
 /// The size `Resize(size)` gives a `w` x `h` image: the shorter side becomes `size`.
@@ -553,14 +595,31 @@ fn shorter_side_to(w: u32, h: u32, size: u32) -> (u32, u32) {
 /// Antialiased bilinear resampling as PIL does it (the triangle filter widened by the downscale
 /// factor), through fast_image_resize, which implements Pillow's convolution with SIMD.
 pub fn resize_exact(image: &RgbImage, width: u32, height: u32) -> RgbImage {
+    resize_exact_with(image, width, height, Resample::Bilinear)
+}
+
+/// [`resize_exact`] with `interpolation` (Pillow's bicubic: its filter widened the same way).
+pub fn resize_exact_with(
+    image: &RgbImage,
+    width: u32,
+    height: u32,
+    interpolation: Resample,
+) -> RgbImage {
     if image.dimensions() == (width, height) {
         return image.clone();
     }
     let (w, h) = image.dimensions();
+    // Pillow resamples rows first, then columns, through an 8-bit image: with a filter that
+    // overshoots (bicubic) the order shows in the clipped values, so the two passes are made
+    // one at a time in Pillow's order.
+    if interpolation == Resample::Bicubic && w != width && h != height {
+        let rows = resize_exact_with(image, width, h, interpolation);
+        return resize_exact_with(&rows, width, height, interpolation);
+    }
     let source = ImageRef::new(w, h, image.as_raw(), PixelType::U8x3)
         .expect("an RgbImage buffer holds width * height * 3 bytes");
     let mut target = Image::new(width, height, PixelType::U8x3);
-    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(interpolation.filter()));
     Resizer::new()
         .resize(&source, &mut target, &options)
         .expect("source and target are both U8x3");
@@ -796,7 +855,10 @@ mod tests {
     #[test]
     fn output_size_follows_the_steps_that_set_it() {
         let pipeline = |steps: &[Transform]| Pipeline::new(steps).unwrap();
-        let resize = Transform::Resize { size: 256 };
+        let resize = Transform::Resize {
+            size: 256,
+            interpolation: Resample::Bilinear,
+        };
         let crop = Transform::CenterCrop { size: 224 };
         let flip = Transform::RandomHorizontalFlip { p: 0.5 };
         assert_eq!(
@@ -956,7 +1018,13 @@ mod tests {
         let unknown = toml::from_str::<Config>(r#"transforms = [{ op = "resize", sise = 3 }]"#);
         assert!(unknown.unwrap_err().to_string().contains("sise"));
         let bad = |t: &[Transform]| Pipeline::new(t).unwrap_err().to_string();
-        assert!(bad(&[Transform::Resize { size: 0 }]).contains("resize"));
+        assert!(
+            bad(&[Transform::Resize {
+                size: 0,
+                interpolation: Resample::Bilinear
+            }])
+            .contains("resize")
+        );
         assert!(
             bad(&[Transform::Normalize {
                 mean: [0.0; 3],

@@ -331,7 +331,10 @@ fn oversized_resizes_and_truncated_jpegs_are_skipped_naming_the_file_and_the_key
     let folder: Arc<dyn Dataset> =
         Arc::new(ImageFolder::open(dir.path(), ImageLimits::default()).unwrap());
     let steps = [
-        Transform::Resize { size: 64 },
+        Transform::Resize {
+            size: 64,
+            interpolation: Default::default(),
+        },
         Transform::CenterCrop { size: 4 },
     ];
     // 2000x1 resized to 64 on its short side is 128000x64: 8.2 megapixels.

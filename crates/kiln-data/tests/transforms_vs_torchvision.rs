@@ -44,6 +44,20 @@ fn resizing_matches_pil_antialiased_bilinear() {
     );
 }
 
+/// `Resize(size, interpolation=BICUBIC)` (timm's eval transforms), down and up: Pillow's cubic
+/// filter, antialiased.
+#[test]
+fn resizing_matches_pil_antialiased_bicubic() {
+    let photo = fixture("photo.png");
+    for size in [40, 59, 150] {
+        let ours = resize_shorter_side_with(&photo, size, Resample::Bicubic);
+        assert_matches(&ours, &format!("resize_bicubic_{size}.png"), 1);
+        // Not bilinear's pixels.
+        let (max, _) = difference(&resize_shorter_side(&photo, size), &ours);
+        assert!(max > 1, "bicubic and bilinear differ at {size}");
+    }
+}
+
 #[test]
 fn crops_and_flips_match_exactly() {
     let photo = fixture("photo.png");

@@ -17,14 +17,17 @@ use crate::winograd::Pass;
 /// The training backend this path serves: flex under burn's default (no checkpointing) autodiff.
 pub(crate) type Train = Autodiff<Flex>;
 
-/// kiln's convolution when `B` is flex (with or without autodiff) and the call is f32 without
-/// groups; `None` otherwise, for burn's.
+/// kiln's convolution when `B` is flex (with or without autodiff) and the call is f32 with
+/// channel groups that divide both channel counts; `None` otherwise, for burn's.
 pub(crate) fn conv2d<B: Backend>(
     x: &Tensor<B, 4>,
     weight: &Tensor<B, 4>,
     options: &ConvOptions<2>,
 ) -> Option<Tensor<B, 4>> {
-    if options.groups != 1 || x.dtype() != DType::F32 || weight.dtype() != DType::F32 {
+    if !groups_fit(x.dims(), weight.dims(), options)
+        || x.dtype() != DType::F32
+        || weight.dtype() != DType::F32
+    {
         return None;
     }
     if let (Some(x), Some(weight)) = (
@@ -46,6 +49,13 @@ pub(crate) fn conv2d<B: Backend>(
 }
 
 pub(crate) use crate::same;
+
+/// Whether `options.groups` splits the input `[n, c_in, h, w]` and the weight `[c_out, c_in /
+/// groups, kh, kw]` evenly (a call that does not is left to burn, which names the mismatch).
+fn groups_fit(x: [usize; 4], weight: [usize; 4], options: &ConvOptions<2>) -> bool {
+    let groups = options.groups;
+    groups > 0 && x[1] % groups == 0 && weight[0] % groups == 0 && x[1] / groups == weight[1]
+}
 
 fn train_conv2d(
     x: Tensor<Train, 4>,
@@ -150,7 +160,7 @@ pub(crate) fn conv2d_epilogue<B: Backend>(
         epilogue.scale.dtype(),
         epilogue.shift.dtype(),
     ];
-    if options.groups != 1
+    if !groups_fit(x.dims(), weight.dims(), options)
         || dtypes != [DType::F32; 4]
         || residual.is_some_and(|r| r.dtype() != DType::F32)
     {
@@ -385,6 +395,100 @@ mod tests {
         assert!(conv2d(&x, &w, &options).is_some());
         let grouped = ConvOptions::new([1, 1], [1, 1], [1, 1], 2);
         let w1 = Tensor::<Train, 4>::zeros([2, 1, 3, 3], &device);
-        assert!(conv2d(&x, &w1, &grouped).is_none());
+        assert!(conv2d(&x, &w1, &grouped).is_some());
+        // Groups that do not split the channels are burn's to refuse.
+        let three = ConvOptions::new([1, 1], [1, 1], [1, 1], 3);
+        assert!(conv2d(&x, &w1, &three).is_none());
+        assert!(conv2d(&x, &w, &grouped).is_none());
+    }
+
+    /// `conv2d(x, w, groups)` computed as PyTorch defines it: each group's input channels
+    /// convolved with its block of filters by an ungrouped convolution, the outputs concatenated.
+    /// Independent of any backend's grouped kernels, and differentiable.
+    fn per_group(
+        x: Tensor<Train, 4>,
+        w: Tensor<Train, 4>,
+        options: &ConvOptions<2>,
+    ) -> Tensor<Train, 4> {
+        let groups = options.groups;
+        let (c_in, c_out) = (x.dims()[1] / groups, w.dims()[0] / groups);
+        let ungrouped = ConvOptions::new(options.stride, options.padding, options.dilation, 1);
+        let outputs = (0..groups)
+            .map(|i| {
+                let x = x.clone().narrow(1, i * c_in, c_in);
+                let w = w.clone().narrow(0, i * c_out, c_out);
+                module::conv2d(x, w, None, ungrouped.clone())
+            })
+            .collect();
+        Tensor::cat(outputs, 1)
+    }
+
+    /// ResNeXt's grouped 3x3 convolutions (stride 1 and 2, 32 groups of 4 channels, depthwise
+    /// groups of one, groups of 8 on odd maps) and a grouped 1x1, forward and both gradients,
+    /// against the per-group definition; and in inference with the fused epilogue.
+    #[test]
+    fn grouped_convolutions_match_one_convolution_per_group() {
+        let cases = [
+            ([2, 128, 8, 8], [128, 4, 3, 3], 32, 1, 1),
+            ([3, 64, 9, 7], [64, 4, 3, 3], 16, 2, 1),
+            ([2, 6, 5, 5], [6, 1, 3, 3], 6, 1, 1),
+            ([2, 16, 11, 13], [24, 8, 3, 3], 2, 1, 1),
+            ([1, 12, 6, 6], [8, 3, 1, 1], 4, 2, 0),
+        ];
+        for (x_shape, w_shape, groups, stride, padding) in cases {
+            let options = ConvOptions::new([stride; 2], [padding; 2], [1, 1], groups);
+            let x = fixed(x_shape, 1, -1.0);
+            let w = fixed(w_shape, 2, -1.0);
+            let y_dims = per_group(x.clone(), w.clone(), &options).dims();
+            let weights = fixed(y_dims, 3, 0.0);
+            // kiln's, burn's own grouped convolution, and the definition.
+            let gradients = |which: usize| {
+                let (x, w) = (x.clone().require_grad(), w.clone().require_grad());
+                let y = match which {
+                    0 => crate::conv2d(x.clone(), w.clone(), options.clone()),
+                    1 => module::conv2d(x.clone(), w.clone(), None, options.clone()),
+                    _ => per_group(x.clone(), w.clone(), &options),
+                };
+                let grads = (y.clone() * weights.clone()).sum().backward();
+                [y.inner(), x.grad(&grads).unwrap(), w.grad(&grads).unwrap()]
+            };
+            let reference = gradients(2);
+            let tolerance = Tolerance::<f32>::rel_abs(1e-4, 1e-4);
+            for (who, which) in [("kiln", 0), ("burn", 1)] {
+                for ((name, ours), expected) in ["y", "dx", "dw"]
+                    .into_iter()
+                    .zip(gradients(which))
+                    .zip(&reference)
+                {
+                    let case = format!("{who} {name} {x_shape:?} {w_shape:?} groups {groups}");
+                    assert_eq!(ours.dims(), expected.dims(), "{case}");
+                    println!("{case}");
+                    ours.into_data()
+                        .assert_approx_eq(&expected.clone().into_data(), tolerance);
+                }
+            }
+
+            // Inference, with batch norm's scale and shift and ReLU after the convolution.
+            let (xi, wi) = (x.clone().inner(), w.clone().inner());
+            let c_out = w_shape[0];
+            let scale = fixed([1, 1, 1, c_out], 4, -1.0).inner().reshape([c_out]);
+            let shift = fixed([1, 1, 1, c_out], 5, -1.0).inner().reshape([c_out]);
+            let epilogue = crate::Epilogue {
+                scale: scale.clone(),
+                shift: shift.clone(),
+                residual: None,
+                relu: true,
+            };
+            let fused = crate::conv2d_epilogue(&xi, &wi, &options, &epilogue)
+                .expect("flex in f32 takes kiln's path");
+            let per_channel = |t: Tensor<Flex, 1>| t.reshape([1, c_out, 1, 1]);
+            let expected = burn::tensor::activation::relu(
+                per_group(x.clone(), w.clone(), &options).inner() * per_channel(scale)
+                    + per_channel(shift),
+            );
+            fused
+                .into_data()
+                .assert_approx_eq::<f32>(&expected.into_data(), tolerance);
+        }
     }
 }

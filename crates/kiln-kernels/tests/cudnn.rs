@@ -418,6 +418,58 @@ fn burns_implicit_gemm_weight_gradient_matches_burn_on_the_cpu() {
     }
 }
 
+/// ResNeXt's grouped convolutions: (input, weight, stride, groups), 3x3 with padding 1.
+const GROUPED: [([usize; 4], [usize; 4], usize, usize); 4] = [
+    // resnext50_32x4d's layer 1 and layer 2's first block, batch 2, at 32x32.
+    ([2, 128, 8, 8], [128, 4, 3, 3], 1, 32),
+    ([2, 256, 8, 8], [256, 8, 3, 3], 2, 32),
+    ([3, 6, 5, 5], [6, 1, 3, 3], 1, 6),
+    ([2, 16, 11, 13], [24, 8, 3, 3], 1, 2),
+];
+
+/// Forward and both gradients of a grouped convolution, through kiln (cuDNN with
+/// `cudnnSetConvolutionGroupCount`) or burn, in f32.
+fn run_grouped<B: AutodiffBackend>(
+    ours: bool,
+    (x_shape, w_shape, stride, groups): ([usize; 4], [usize; 4], usize, usize),
+) -> [TensorData; 3] {
+    let options = ConvOptions::new([stride; 2], [1, 1], [1, 1], groups);
+    let (x, w) = (fixed::<B>(x_shape, 1, -1.0), fixed::<B>(w_shape, 2, -1.0));
+    let (x, w) = (x.require_grad(), w.require_grad());
+    let y = if ours {
+        kiln_kernels::conv2d(x.clone(), w.clone(), options)
+    } else {
+        module::conv2d(x.clone(), w.clone(), None, options)
+    };
+    let grads = (y.clone() * fixed::<B>(y.dims(), 3, 0.0)).sum().backward();
+    [
+        y.inner().into_data(),
+        x.grad(&grads).unwrap().into_data(),
+        w.grad(&grads).unwrap().into_data(),
+    ]
+}
+
+/// Grouped convolutions through cuDNN against burn's on the CPU (flex's grouped convolution and
+/// its gradients are checked against one convolution per group in kiln-kernels' unit tests).
+#[test]
+fn cudnn_grouped_matches_burn_on_the_cpu() {
+    if !gpu_with_cudnn() {
+        return;
+    }
+    kiln_kernels::set_tf32(false);
+    for (i, case) in GROUPED.into_iter().enumerate() {
+        let ours = run_grouped::<Train>(true, case);
+        compare(
+            "grouped f32",
+            i,
+            ours,
+            run_grouped::<Reference>(false, case),
+            1e-3,
+        );
+    }
+    kiln_kernels::set_tf32(true);
+}
+
 /// Set in the child process of [`choices_are_kept_in_kilns_cache`].
 const CHILD: &str = "KILN_TEST_CUDNN_KEPT_CHILD";
 

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::ModelError;
-use crate::resnet::{BlockKind, ResNetConfig, Stem, architecture};
+use crate::resnet::{BlockKind, ResNetConfig, Stem};
 
 /// Element counts of one network at one input size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +61,8 @@ impl ResNetConfig {
 
     /// The network for `height` x `width` inputs, stage by stage.
     pub fn summary(&self, height: usize, width: usize) -> Result<Summary, ModelError> {
-        let (kind, blocks) = architecture(self.depth)?;
+        // What `init` refuses is refused here too, before anything is counted.
+        let (kind, blocks) = self.check()?;
         let mut walk = Walk {
             height,
             width,
@@ -69,12 +70,22 @@ impl ResNetConfig {
         };
         let stem = self.width;
         match self.stem {
-            Stem::Imagenet => walk.conv(3, stem, 7, 2, 3),
-            Stem::Cifar => walk.conv(3, stem, 3, 1, 1),
+            Stem::Imagenet => walk.conv(3, stem, 7, 2, 3, 1),
+            Stem::Cifar => walk.conv(3, stem, 3, 1, 1, 1),
+            Stem::Deep => {
+                let half = stem / 2;
+                walk.conv(3, half, 3, 2, 1, 1);
+                walk.batch_norm(half);
+                walk.relu(half);
+                walk.conv(half, half, 3, 1, 1, 1);
+                walk.batch_norm(half);
+                walk.relu(half);
+                walk.conv(half, stem, 3, 1, 1, 1);
+            }
         }
         walk.batch_norm(stem);
         walk.relu(stem);
-        if self.stem == Stem::Imagenet {
+        if self.stem != Stem::Cifar {
             walk.max_pool(stem);
         }
         walk.end_stage("stem", stem);
@@ -83,7 +94,7 @@ impl ResNetConfig {
             let planes = stem << index;
             for block in 0..count {
                 let stride = if index > 0 && block == 0 { 2 } else { 1 };
-                channels = walk.block(kind, channels, planes, stride);
+                channels = walk.block(self, kind, channels, planes, stride);
             }
             walk.end_stage(&format!("layer{}", index + 1), channels);
         }
@@ -122,11 +133,19 @@ impl Walk {
         (channels * self.height * self.width) as u64
     }
 
-    fn conv(&mut self, input: usize, output: usize, kernel: usize, stride: usize, padding: usize) {
+    fn conv(
+        &mut self,
+        input: usize,
+        output: usize,
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+        groups: usize,
+    ) {
         let shrink = |side: usize| (side + 2 * padding - kernel) / stride + 1;
         self.height = shrink(self.height);
         self.width = shrink(self.width);
-        let weights = (input * output * kernel * kernel) as u64;
+        let weights = (input / groups * output * kernel * kernel) as u64;
         self.parameters += weights;
         self.mult_adds += weights * (self.height * self.width) as u64;
         self.activations += self.map(output);
@@ -162,33 +181,53 @@ impl Walk {
         self.stages.push(stage);
     }
 
+    /// 2x2 average pool with `stride`, rounding up (ResNet-D's shortcut).
+    fn avg_pool(&mut self, channels: usize, stride: usize) {
+        self.height = self.height.saturating_sub(2).div_ceil(stride) + 1;
+        self.width = self.width.saturating_sub(2).div_ceil(stride) + 1;
+        self.activations += self.map(channels);
+    }
+
     /// One residual block; returns its output channels.
-    fn block(&mut self, kind: BlockKind, input: usize, planes: usize, stride: usize) -> usize {
+    fn block(
+        &mut self,
+        config: &ResNetConfig,
+        kind: BlockKind,
+        input: usize,
+        planes: usize,
+        stride: usize,
+    ) -> usize {
         let output = planes * kind.expansion();
         let (height, width) = (self.height, self.width);
         match kind {
             BlockKind::Basic => {
-                self.conv(input, planes, 3, stride, 1);
+                self.conv(input, planes, 3, stride, 1, 1);
                 self.batch_norm(planes);
                 self.relu(planes);
-                self.conv(planes, planes, 3, 1, 1);
+                self.conv(planes, planes, 3, 1, 1, 1);
                 self.batch_norm(planes);
             }
             BlockKind::Bottleneck => {
-                self.conv(input, planes, 1, 1, 0);
-                self.batch_norm(planes);
-                self.relu(planes);
-                self.conv(planes, planes, 3, stride, 1);
-                self.batch_norm(planes);
-                self.relu(planes);
-                self.conv(planes, output, 1, 1, 0);
+                let inner = config.inner_width(planes);
+                self.conv(input, inner, 1, 1, 0, 1);
+                self.batch_norm(inner);
+                self.relu(inner);
+                self.conv(inner, inner, 3, stride, 1, config.groups_at_width());
+                self.batch_norm(inner);
+                self.relu(inner);
+                self.conv(inner, output, 1, 1, 0, 1);
                 self.batch_norm(output);
             }
         }
         if stride != 1 || input != output {
             let (after_height, after_width) = (self.height, self.width);
             (self.height, self.width) = (height, width);
-            self.conv(input, output, 1, stride, 0);
+            if config.avg_down && stride != 1 {
+                self.avg_pool(input, stride);
+                self.conv(input, output, 1, 1, 0, 1);
+            } else {
+                self.conv(input, output, 1, stride, 0, 1);
+            }
             self.batch_norm(output);
             (self.height, self.width) = (after_height, after_width);
         }
@@ -222,6 +261,63 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Every named network of the family, counted and built, at a small width and all stems.
+    #[test]
+    fn the_familys_counts_are_those_of_the_built_networks() {
+        for name in crate::MODEL_NAMES {
+            for stem in [Stem::Imagenet, Stem::Cifar] {
+                let config = ResNetConfig::from_name(name)
+                    .unwrap()
+                    .with_width(8)
+                    .with_num_classes(7)
+                    .with_input_stem(stem);
+                let model = config.init::<Flex>(&Default::default()).unwrap();
+                let counted = config.footprint(32, 32).unwrap();
+                assert_eq!(
+                    counted.parameters + counted.buffers,
+                    model.num_params() as u64,
+                    "{name} {stem:?}"
+                );
+            }
+        }
+    }
+
+    /// Parameters and multiply-adds of torchvision's `resnet.py` and timm's ResNet-D at full
+    /// size, as PyTorch counts them (parameters; each convolution's output elements times its
+    /// `in_channels / groups * kh * kw`, and the classifier's product, by forward hooks, torch
+    /// 2.15, torchvision 0.29, timm 1.0.31). At 225 the ResNet-D's shortcuts pool odd maps,
+    /// rounding up.
+    #[test]
+    fn the_family_has_torchvisions_and_timms_counts() {
+        for (name, size, parameters, mult_adds) in [
+            ("resnext50_32x4d", 224, 25_028_904, 4_230_479_872),
+            ("resnext101_32x8d", 224, 88_791_336, 16_414_015_488),
+            ("resnext101_64x4d", 224, 83_455_272, 15_460_270_080),
+            ("wide_resnet50_2", 224, 68_883_240, 11_398_021_120),
+            ("wide_resnet101_2", 224, 126_886_696, 22_753_050_624),
+            ("resnet18d", 224, 11_708_744, 2_053_713_920),
+            ("resnet18d", 225, 11_708_744, 2_293_322_592),
+            ("resnet50d", 224, 25_576_264, 4_328_824_832),
+            ("resnet50d", 225, 25_576_264, 4_870_652_768),
+            ("resnet200d", 224, 64_693_064, 15_247_122_432),
+            ("resnet200d", 225, 64_693_064, 17_075_749_728),
+        ] {
+            let summary = ResNetConfig::from_name(name)
+                .unwrap()
+                .summary(size, size)
+                .unwrap();
+            assert_eq!(summary.model, name);
+            assert_eq!(
+                (summary.parameters, summary.mult_adds),
+                (parameters, mult_adds),
+                "{name} at {size}"
+            );
+        }
+        // timm's resnet200 (no pretrained weights, the 200-layer network without ResNet-D).
+        let resnet200 = ResNetConfig::from_name("resnet200").unwrap();
+        assert_eq!(resnet200.summary(224, 224).unwrap().parameters, 64_673_832);
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub const DEFAULT_OPSET: i64 = 17;
 
 /// The opsets whose definitions of kiln's operators (Conv, BatchNormalization, Relu, MaxPool,
 /// Add, GlobalAveragePool, Flatten, Gemm) are the ones kiln writes: from 9 (BatchNormalization
-/// without `spatial`) to 21.
+/// without `spatial`) to 21; ResNet-D's AveragePool (with `ceil_mode`) from 10.
 pub const OPSETS: std::ops::RangeInclusive<i64> = 9..=21;
 
 /// How to export.
@@ -76,6 +76,12 @@ pub fn to_onnx<B: Backend>(model: &ResNet<B>, options: &OnnxOptions) -> Result<V
             options.opset,
             OPSETS.start(),
             OPSETS.end()
+        ));
+    }
+    if model.avg_down() && options.opset < 10 {
+        return Err(format!(
+            "a ResNet-D's shortcuts average-pool rounding up (AveragePool's ceil_mode), which opset {} lacks: choose opset 10 or later",
+            options.opset
         ));
     }
     let mut graph = Graph {
@@ -143,7 +149,17 @@ struct Graph {
 impl Graph {
     /// The ResNet's forward pass, as `ResNet::forward` runs it; returns the output's name.
     fn resnet<B: Backend>(&mut self, model: &ResNet<B>) -> String {
-        let x = self.conv_bn(INPUT.into(), &model.conv1, None, &model.bn1, "conv1", "bn1");
+        let mut x: String = INPUT.into();
+        let mut conv1 = "conv1";
+        if let Some(stem) = &model.deep_stem {
+            // timm's names: conv1 is an nn.Sequential of convolutions, batch norms and ReLUs.
+            x = self.conv_bn(x, &stem.conv1, None, &stem.bn1, "conv1.0", "conv1.1");
+            x = self.relu(x, "conv1.2");
+            x = self.conv_bn(x, &stem.conv2, None, &stem.bn2, "conv1.3", "conv1.4");
+            x = self.relu(x, "conv1.5");
+            conv1 = "conv1.6";
+        }
+        let x = self.conv_bn(x, &model.conv1, None, &model.bn1, conv1, "bn1");
         let mut x = self.relu(x, "relu");
         if let Some(pool) = &model.maxpool {
             let attributes = vec![
@@ -193,7 +209,29 @@ impl Graph {
             }
         };
         let identity = match downsample {
-            Some(Downsample { conv, bn, stride }) => {
+            Some(Downsample {
+                conv,
+                bn,
+                stride,
+                avg_pool: true,
+            }) => {
+                // timm's AvgPool2d(2, stride, ceil_mode=True, count_include_pad=False).
+                let attributes = vec![
+                    ints("kernel_shape", &[2, 2]),
+                    ints("strides", &[*stride, *stride]),
+                    int("ceil_mode", 1),
+                    int("count_include_pad", 0),
+                ];
+                let pooled = match *stride {
+                    1 => x,
+                    _ => self.node("AveragePool", vec![x], &at("downsample.0"), attributes),
+                };
+                let (conv_name, bn_name) = (at("downsample.1"), at("downsample.2"));
+                self.conv_bn(pooled, conv, Some(1), bn, &conv_name, &bn_name)
+            }
+            Some(Downsample {
+                conv, bn, stride, ..
+            }) => {
                 let (conv_name, bn_name) = (at("downsample.0"), at("downsample.1"));
                 self.conv_bn(x, conv, Some(*stride), bn, &conv_name, &bn_name)
             }

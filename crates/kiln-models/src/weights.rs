@@ -1,9 +1,12 @@
-//! torchvision weight files in and out, keyed exactly as torchvision's `state_dict`.
+//! torchvision and timm weight files in and out, keyed exactly as their `state_dict`s.
 //!
-//! kiln's module paths are torchvision's names except in two places, handled here: a block's
-//! shortcut is `downsample.conv` / `downsample.bn` in kiln and `downsample.0` / `downsample.1`
-//! in torchvision, and burn stores a linear layer's weight as `[in, out]` where PyTorch stores
-//! `[out, in]`. Batch norm's `num_batches_tracked` is an int64 scalar in PyTorch.
+//! kiln's module paths are torchvision's names except in a few places, mapped by [`Names`]: a
+//! block's shortcut is `downsample.conv` / `downsample.bn` in kiln and `downsample.0` /
+//! `downsample.1` in torchvision (`downsample.1` / `downsample.2` in timm's ResNet-D, whose
+//! `downsample.0` is the average pool); timm's deep stem is `conv1.0` to `conv1.6`; and burn
+//! stores a linear layer's weight as `[in, out]` where PyTorch stores `[out, in]`. Batch norm's
+//! `num_batches_tracked` is an int64 scalar in PyTorch. timm's ResNets, ResNeXts and Wide
+//! ResNets have torchvision's names, so one model is written in the names of either library.
 //!
 //! Reading never executes code from the file: `.pth` files go through burn-store's restricted
 //! pickle reader, `.safetensors` files hold no code.
@@ -37,7 +40,7 @@ pub enum WeightsError {
     #[error("cannot write weights to {path}: {reason}")]
     Write { path: PathBuf, reason: String },
     #[error(
-        "{path} holds no ResNet state dict (no `conv1.weight` key, also under `state_dict.`, `model.` or `module.`)"
+        "{path} holds no ResNet state dict (no `bn1.weight` key, also under `state_dict.`, `model.` or `module.`)"
     )]
     NotAResNet { path: PathBuf },
     #[error(
@@ -71,6 +74,7 @@ pub fn load<B: Backend>(
     path: &Path,
 ) -> Result<(ResNet<B>, LoadReport), WeightsError> {
     let file = read_state_dict(path)?;
+    let names = Names::of(&model);
     let expected = torch_shapes(&model);
     let mut report = LoadReport::default();
     let mut missing = Vec::new();
@@ -126,7 +130,11 @@ pub fn load<B: Backend>(
         .into_iter()
         .filter(|(name, _)| !report.left_out.contains(name))
         .map(|(name, data)| {
-            let path_stack = kiln_path(&name).split('.').map(String::from).collect();
+            let path_stack = names
+                .kiln_path(&name)
+                .split('.')
+                .map(String::from)
+                .collect();
             TensorSnapshot::from_data(
                 to_kiln_layout(&name, data),
                 path_stack,
@@ -148,11 +156,12 @@ pub fn load<B: Backend>(
 
 /// The model's state as torchvision names and lays it out, ready to save or compare.
 pub fn torch_state_dict<B: Backend>(model: &ResNet<B>) -> BTreeMap<String, TensorData> {
+    let names = Names::of(model);
     model
         .collect(None, None, true)
         .into_iter()
         .map(|snapshot| {
-            let name = torch_name(&snapshot.full_path());
+            let name = names.torch_name(&snapshot.full_path());
             let data = snapshot
                 .to_data()
                 .expect("a live module's tensors can always be read");
@@ -303,11 +312,14 @@ fn read_state_dict(path: &Path) -> Result<BTreeMap<String, TensorData>, WeightsE
         all_snapshots(SafetensorsStore::from_file(path)).map_err(read_err)?
     } else {
         check_expansion(path).map_err(read_err)?;
-        all_snapshots(PytorchStore::from_file(path)).map_err(read_err)?
+        // Keys as the file has them: burn-store renumbers gaps in indices by default, which
+        // would turn timm's `conv1.3` (after a ReLU at `conv1.2`) into `conv1.2`.
+        let store = PytorchStore::from_file(path).map_indices_contiguous(false);
+        all_snapshots(store).map_err(read_err)?
     };
     let prefix = STATE_DICT_PREFIXES
         .into_iter()
-        .find(|p| snapshots.contains_key(&format!("{p}conv1.weight")))
+        .find(|p| snapshots.contains_key(&format!("{p}bn1.weight")))
         .ok_or_else(|| WeightsError::NotAResNet {
             path: path.to_path_buf(),
         })?;
@@ -340,27 +352,93 @@ where
         .map_err(|e| e.to_string())
 }
 
-/// torchvision's name for a kiln module path.
-fn torch_name(kiln_path: &str) -> String {
-    kiln_path
-        .replace(".downsample.conv.", ".downsample.0.")
-        .replace(".downsample.bn.", ".downsample.1.")
+/// How a model's kiln module paths map to the names of its weight files: torchvision's, and
+/// timm's for ResNet-D (its deep stem's `conv1.0` to `conv1.6`, and `downsample.1` /
+/// `downsample.2` after the average pool). The two libraries name every other tensor alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Names {
+    deep_stem: bool,
+    avg_down: bool,
 }
 
-/// kiln's module path for a torchvision name.
-fn kiln_path(torch_name: &str) -> String {
-    torch_name
-        .replace(".downsample.0.", ".downsample.conv.")
-        .replace(".downsample.1.", ".downsample.bn.")
+/// timm's deep stem: kiln's module path prefix and timm's.
+const DEEP_STEM: [(&str, &str); 5] = [
+    ("deep_stem.conv1.", "conv1.0."),
+    ("deep_stem.bn1.", "conv1.1."),
+    ("deep_stem.conv2.", "conv1.3."),
+    ("deep_stem.bn2.", "conv1.4."),
+    ("conv1.", "conv1.6."),
+];
+
+impl Names {
+    pub fn of<B: Backend>(model: &ResNet<B>) -> Self {
+        Self {
+            deep_stem: model.deep_stem.is_some(),
+            avg_down: model.avg_down(),
+        }
+    }
+
+    /// The shortcut's convolution and batch norm in the files: `downsample.0` and `.1`, or
+    /// after timm's average pool `.1` and `.2`.
+    fn shortcut(&self) -> [(&'static str, &'static str); 2] {
+        if self.avg_down {
+            [
+                (".downsample.conv.", ".downsample.1."),
+                (".downsample.bn.", ".downsample.2."),
+            ]
+        } else {
+            [
+                (".downsample.conv.", ".downsample.0."),
+                (".downsample.bn.", ".downsample.1."),
+            ]
+        }
+    }
+
+    /// The file's name for a kiln tensor path (`layer2.0.downsample.conv.weight`).
+    pub fn torch_name(&self, kiln_path: &str) -> String {
+        self.map(kiln_path, false)
+    }
+
+    /// kiln's module path for a file's tensor name.
+    pub fn kiln_path(&self, torch_name: &str) -> String {
+        self.map(torch_name, true)
+    }
+
+    /// The file's name for a kiln module path (`layer2.0.downsample.bn`, `deep_stem.bn1`).
+    pub fn torch_module(&self, kiln_module: &str) -> String {
+        let name = self.torch_name(&format!("{kiln_module}."));
+        name.trim_end_matches('.').to_string()
+    }
+
+    /// One name in the other naming: kiln's to the files' (`back`: the files' to kiln's).
+    fn map(&self, name: &str, back: bool) -> String {
+        let pick = |(kiln, torch): (&'static str, &'static str)| {
+            if back { (torch, kiln) } else { (kiln, torch) }
+        };
+        if self.deep_stem {
+            for (from, to) in DEEP_STEM.map(pick) {
+                if let Some(rest) = name.strip_prefix(from) {
+                    return format!("{to}{rest}");
+                }
+            }
+        }
+        for (from, to) in self.shortcut().map(pick) {
+            if name.contains(from) {
+                return name.replacen(from, to, 1);
+            }
+        }
+        name.to_string()
+    }
 }
 
 /// Every torchvision key the model has, with the shape PyTorch gives it.
 fn torch_shapes<B: Backend>(model: &ResNet<B>) -> BTreeMap<String, Vec<usize>> {
+    let names = Names::of(model);
     model
         .collect(None, None, true)
         .into_iter()
         .map(|snapshot| {
-            let name = torch_name(&snapshot.full_path());
+            let name = names.torch_name(&snapshot.full_path());
             let mut shape = snapshot.shape.to_vec();
             if is_linear_weight(&name) {
                 shape.reverse();
@@ -428,7 +506,12 @@ fn transpose(data: TensorData) -> TensorData {
 
 fn describe<B: Backend>(model: &ResNet<B>) -> String {
     let width = model.conv1.weight.dims()[0];
-    format!("resnet (width {width}, {} classes)", model.num_classes())
+    let kind = if model.deep_stem.is_some() {
+        "ResNet-D"
+    } else {
+        "resnet"
+    };
+    format!("{kind} (width {width}, {} classes)", model.num_classes())
 }
 
 /// Appends ` <label> (<count>): a, b, c, and N more` when `items` is not empty.
@@ -453,11 +536,12 @@ fn list(out: &mut String, label: &str, items: &[String]) {
 /// of the state dict (buffers left out).
 pub fn torch_parameters<B: Backend>(model: &ResNet<B>) -> Vec<(String, ParamId)> {
     let buffers = [".running_mean", ".running_var", ".num_batches_tracked"];
+    let names = Names::of(model);
     model
         .collect(None, None, true)
         .into_iter()
         .filter_map(|snapshot| {
-            let name = torch_name(&snapshot.full_path());
+            let name = names.torch_name(&snapshot.full_path());
             let buffer = buffers.iter().any(|b| name.ends_with(b));
             Some((name, snapshot.tensor_id?)).filter(|_| !buffer)
         })
@@ -475,12 +559,13 @@ pub fn torch_gradients<B: AutodiffBackend>(
         found: HashMap::new(),
     };
     model.visit(&mut collector);
+    let names = Names::of(model);
     model
         .collect(None, None, true)
         .into_iter()
         .filter_map(|snapshot| {
             let data = collector.found.remove(&snapshot.tensor_id?)?;
-            let name = torch_name(&snapshot.full_path());
+            let name = names.torch_name(&snapshot.full_path());
             let data = to_torch_layout(&name, data);
             Some((name, data))
         })
@@ -549,6 +634,155 @@ mod tests {
             assert_eq!(shapes["layer2.0.downsample.1.running_var"].len(), 1);
             assert!(shapes["bn1.num_batches_tracked"].is_empty());
         }
+    }
+
+    /// torchvision's keys for ResNeXt and Wide ResNet (counted with torchvision 0.29), timm's
+    /// for ResNet-D (timm 1.0.31): its deep stem as `conv1.0` to `conv1.6`, its shortcuts'
+    /// convolution and batch norm as `downsample.1` and `downsample.2`.
+    #[test]
+    fn the_family_has_torchvisions_and_timms_keys() {
+        let device = Default::default();
+        for (name, keys, width, shapes) in [
+            (
+                "resnext50_32x4d",
+                320,
+                64,
+                &[("layer1.0.conv2.weight", &[128, 4, 3, 3][..])][..],
+            ),
+            (
+                "wide_resnet50_2",
+                320,
+                64,
+                &[("layer4.2.conv2.weight", &[1024, 1024, 3, 3][..])],
+            ),
+            (
+                "resnet50d",
+                332,
+                64,
+                &[
+                    ("conv1.0.weight", &[32, 3, 3, 3][..]),
+                    ("conv1.1.running_mean", &[32]),
+                    ("conv1.3.weight", &[32, 32, 3, 3]),
+                    ("conv1.4.bias", &[32]),
+                    ("conv1.6.weight", &[64, 32, 3, 3]),
+                    ("bn1.weight", &[64]),
+                    ("layer1.0.downsample.1.weight", &[256, 64, 1, 1]),
+                    ("layer2.0.downsample.1.weight", &[512, 256, 1, 1]),
+                    ("layer2.0.downsample.2.running_var", &[512]),
+                ],
+            ),
+            (
+                "resnet18d",
+                134,
+                8,
+                &[("layer2.0.downsample.2.weight", &[16][..])],
+            ),
+        ] {
+            let model = ResNetConfig::from_name(name)
+                .unwrap()
+                .with_width(width)
+                .init::<B>(&device)
+                .unwrap();
+            let found = torch_shapes(&model);
+            assert_eq!(found.len(), keys, "{name}");
+            for (key, shape) in shapes {
+                assert_eq!(
+                    found.get(*key).map(Vec::as_slice),
+                    Some(*shape),
+                    "{name} {key}"
+                );
+            }
+            assert!(
+                !found
+                    .keys()
+                    .any(|k| k.starts_with("deep_stem") || k.contains("downsample.conv"))
+            );
+        }
+    }
+
+    #[test]
+    fn names_map_both_ways() {
+        let device = Default::default();
+        let d = Names::of(
+            &ResNetConfig::from_name("resnet50d")
+                .unwrap()
+                .with_width(8)
+                .init::<B>(&device)
+                .unwrap(),
+        );
+        let plain = Names::of(&tiny(50, 10, 4));
+        for (names, kiln, torch) in [
+            (d, "deep_stem.conv1.weight", "conv1.0.weight"),
+            (d, "deep_stem.bn2.running_mean", "conv1.4.running_mean"),
+            (d, "conv1.weight", "conv1.6.weight"),
+            (d, "layer1.0.conv1.weight", "layer1.0.conv1.weight"),
+            (
+                d,
+                "layer3.0.downsample.conv.weight",
+                "layer3.0.downsample.1.weight",
+            ),
+            (
+                d,
+                "layer3.0.downsample.bn.bias",
+                "layer3.0.downsample.2.bias",
+            ),
+            (plain, "conv1.weight", "conv1.weight"),
+            (
+                plain,
+                "layer3.0.downsample.conv.weight",
+                "layer3.0.downsample.0.weight",
+            ),
+            (
+                plain,
+                "layer3.0.downsample.bn.bias",
+                "layer3.0.downsample.1.bias",
+            ),
+        ] {
+            assert_eq!(names.torch_name(kiln), torch);
+            assert_eq!(names.kiln_path(torch), kiln);
+        }
+        assert_eq!(d.torch_module("deep_stem.bn1"), "conv1.1");
+        assert_eq!(
+            d.torch_module("layer2.0.downsample.bn"),
+            "layer2.0.downsample.2"
+        );
+        assert_eq!(
+            plain.torch_module("layer2.0.downsample.bn"),
+            "layer2.0.downsample.1"
+        );
+    }
+
+    /// A ResNet-D and a ResNeXt written and read back; a torchvision file does not fit a
+    /// ResNet-D, and the error lists what differs.
+    #[test]
+    fn the_family_round_trips_and_mismatches_are_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let device = Default::default();
+        for name in ["resnet50d", "resnext50_32x4d"] {
+            let config = ResNetConfig::from_name(name)
+                .unwrap()
+                .with_width(8)
+                .with_num_classes(10);
+            let model = config.init::<B>(&device).unwrap();
+            let path = dir.path().join(format!("{name}.safetensors"));
+            save_safetensors(&model, &path).unwrap();
+            let (loaded, report) = load(config.init::<B>(&device).unwrap(), &path).unwrap();
+            assert_eq!(report, LoadReport::default());
+            assert_same_state(&torch_state_dict(&loaded), &torch_state_dict(&model));
+        }
+        let d = ResNetConfig::from_name("resnet50d")
+            .unwrap()
+            .with_width(4)
+            .with_num_classes(10);
+        let err = load(d.init::<B>(&device).unwrap(), &fixture("resnet50_w4.pth"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ResNet-D")
+                && err.contains("conv1.0.weight")
+                && err.contains("unexpected keys"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The ONNX export, run by another runtime: tract (a pure-Rust ONNX runtime) computes the same
-//! logits as kiln from the exported file, for ResNet-18 and ResNet-50 with both stems, batch
-//! norm folded and kept, at two batch sizes from one file.
+//! logits as kiln from the exported file, for ResNet-18 and ResNet-50 with both stems, ResNeXt
+//! (grouped convolutions) and ResNet-D (the deep stem, average-pool shortcuts on odd maps),
+//! batch norm folded and kept, at two batch sizes from one file.
 
 use std::collections::BTreeMap;
 
@@ -19,7 +20,7 @@ fn model(name: &str, stem: Stem, dir: &std::path::Path) -> ResNet<B> {
     let config = ResNetConfig::from_name(name)
         .unwrap()
         .with_num_classes(7)
-        .with_stem(stem)
+        .with_input_stem(stem)
         .with_width(8);
     let model = config.init::<B>(&device).unwrap();
     let mut state: BTreeMap<String, TensorData> = weights::torch_state_dict(&model);
@@ -128,6 +129,65 @@ fn resnet50_runs_the_same_in_onnx_with_both_stems() {
 fn unfolded_batch_norm_runs_the_same() {
     check("resnet18", Stem::Imagenet, 32, false);
     check("resnet50", Stem::Cifar, 16, false);
+}
+
+/// Width 8: 4 groups in the 3x3 convolutions, 4 channels each in layer 1.
+#[test]
+fn resnext_runs_the_same_in_onnx_with_its_groups() {
+    check("resnext50_32x4d", Stem::Imagenet, 64, true);
+    check("resnext50_32x4d", Stem::Cifar, 16, false);
+    let dir = tempfile::tempdir().unwrap();
+    let model = model("resnext50_32x4d", Stem::Imagenet, dir.path());
+    let path = dir.path().join("model.onnx");
+    save_onnx(&model, &path, &OnnxOptions::default()).unwrap();
+    let graph = tract_onnx::onnx()
+        .proto_model_for_path(&path)
+        .unwrap()
+        .graph
+        .unwrap();
+    let group = |name: &str| {
+        let node = graph.node.iter().find(|n| n.name == name).unwrap();
+        node.attribute.iter().find(|a| a.name == "group").unwrap().i
+    };
+    assert_eq!(group("layer1.0.conv2"), 4);
+    assert_eq!(group("layer1.0.conv1"), 1);
+}
+
+/// 72x72 inputs: layer 3's shortcut pools a 9x9 map to 5x5, rounding up; timm's node names.
+#[test]
+fn resnet_d_runs_the_same_in_onnx() {
+    check("resnet50d", Stem::Imagenet, 72, true);
+    check("resnet18d", Stem::Imagenet, 72, false);
+    let dir = tempfile::tempdir().unwrap();
+    let model = model("resnet50d", Stem::Imagenet, dir.path());
+    let path = dir.path().join("model.onnx");
+    save_onnx(&model, &path, &OnnxOptions::default()).unwrap();
+    let graph = tract_onnx::onnx()
+        .proto_model_for_path(&path)
+        .unwrap()
+        .graph
+        .unwrap();
+    let names: Vec<&str> = graph.node.iter().map(|n| n.name.as_str()).collect();
+    for name in [
+        "conv1.0",
+        "conv1.3",
+        "conv1.6",
+        "layer2.0.downsample.0",
+        "layer2.0.downsample.1",
+    ] {
+        assert!(names.contains(&name), "{name} in {names:?}");
+    }
+    let error = save_onnx(
+        &model,
+        &path,
+        &OnnxOptions {
+            opset: 9,
+            ..OnnxOptions::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("opset 10"), "{error}");
 }
 
 #[test]

@@ -154,7 +154,7 @@ fn from_weights(args: &ExportOptions) -> anyhow::Result<Export> {
     let model = ResNetConfig::from_name(&args.model)?
         .with_num_classes(args.num_classes)
         .with_width(args.width)
-        .with_stem(args.stem);
+        .with_input_stem(args.stem);
     let classes = match &args.classes {
         Some(file) => read_classes(file)?,
         None if args.num_classes == 1000 => (kiln_models::pretrained::imagenet_classes())
@@ -177,7 +177,10 @@ fn from_weights(args: &ExportOptions) -> anyhow::Result<Export> {
         side => Some([side, side]),
     };
     let transforms = [
-        Transform::Resize { size: 256 },
+        Transform::Resize {
+            size: 256,
+            interpolation: Default::default(),
+        },
         Transform::CenterCrop { size: 224 },
         Transform::ToTensor,
         Transform::Normalize {
@@ -225,10 +228,7 @@ fn onnx_options(
             format!(
                 "{} ({} stem, width {}, {} classes)",
                 model.name(),
-                match model.stem {
-                    Stem::Imagenet => "imagenet",
-                    Stem::Cifar => "cifar",
-                },
+                model.stem.name(),
                 model.width,
                 model.num_classes
             ),

@@ -7,7 +7,7 @@
 //! `"layer1.0.conv1"`), or by `"bn"` (every batch norm's weight and bias) or `"bias"` (every
 //! bias): with `no_weight_decay = ["bn", "bias"]`, timm's filter (no decay on 1-d parameters).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use burn::module::ParamId;
 
@@ -32,19 +32,39 @@ pub struct ParamGroups {
     unfreeze_at: Option<usize>,
     /// `model.freeze_batch_norm`: every batch norm in eval mode, always.
     all_batch_norm: bool,
+    /// The model's batch norms (see [`batch_norms`]), which `"bn"` selects.
+    batch_norms: HashSet<String>,
 }
 
-/// Whether `selector` (a name, a module prefix, `"bn"` or `"bias"`) selects `name`.
+/// Whether `selector` (a name, a module prefix, `"bn"` or `"bias"`) selects `name`, a
+/// torchvision name.
 pub fn selects(selector: &str, name: &str) -> bool {
+    selects_among(selector, name, is_batch_norm)
+}
+
+/// [`selects`] with `batch_norm` telling which modules are batch norms.
+fn selects_among(selector: &str, name: &str, batch_norm: impl Fn(&str) -> bool) -> bool {
     match selector {
         "bias" => name.ends_with(".bias"),
         "bn" => name
             .rsplit_once('.')
-            .is_some_and(|(module, _)| is_batch_norm(module)),
+            .is_some_and(|(module, _)| batch_norm(module)),
         _ => name
             .strip_prefix(selector)
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('.')),
     }
+}
+
+/// The batch norms among a model's parameter `names`: in torchvision's and timm's ResNets the
+/// convolutions have no bias, so every module with a bias but the classifier is one (timm's
+/// ResNet-D names them `conv1.1` and `downsample.2`, and its `downsample.1` is a convolution).
+fn batch_norms(names: &[String]) -> HashSet<String> {
+    names
+        .iter()
+        .filter_map(|name| name.strip_suffix(".bias"))
+        .filter(|module| *module != "fc")
+        .map(String::from)
+        .collect()
 }
 
 /// torchvision's batch norms: `bn1`, `layer1.0.bn2`, `layer2.0.downsample.1`.
@@ -61,6 +81,10 @@ impl ParamGroups {
         model: &ModelConfig,
         optimizer: &OptimizerConfig,
     ) -> Result<Self, String> {
+        let norms = batch_norms(names);
+        let selects = |selector: &str, name: &str| {
+            selects_among(selector, name, |module| norms.contains(module))
+        };
         let lists = [
             ("model.freeze", &model.freeze),
             ("optimizer.no_weight_decay", &optimizer.no_weight_decay),
@@ -119,6 +143,7 @@ impl ParamGroups {
             freeze: model.freeze.clone(),
             unfreeze_at: model.unfreeze_at_epoch.map(|e| e - 1),
             all_batch_norm: model.freeze_batch_norm,
+            batch_norms: norms,
         })
     }
 
@@ -142,7 +167,8 @@ impl ParamGroups {
     /// holds: when its weight is frozen (or `freeze_batch_norm` freezes them all).
     pub fn freezes_batch_norm(&self, module: &str, frozen: bool) -> bool {
         let weight = format!("{module}.weight");
-        self.all_batch_norm || (frozen && self.freeze.iter().any(|s| selects(s, &weight)))
+        let selected = |s: &String| selects_among(s, &weight, |m| self.batch_norms.contains(m));
+        self.all_batch_norm || (frozen && self.freeze.iter().any(selected))
     }
 
     /// Each parameter's group by id, for a model whose parameters are `params`.
@@ -187,6 +213,49 @@ mod tests {
         assert!(selects("bn", "layer2.0.downsample.1.bias"));
         assert!(!selects("bn", "layer2.0.downsample.0.weight") && !selects("bn", "fc.weight"));
         assert!(selects("bias", "fc.bias") && !selects("bias", "fc.weight"));
+    }
+
+    /// timm's ResNet-D: `"bn"` selects its deep stem's batch norms (`conv1.1`) and its
+    /// shortcuts' (`downsample.2`), not the shortcut's convolution (`downsample.1`).
+    #[test]
+    fn bn_selects_resnet_ds_batch_norms() {
+        let names: Vec<String> = [
+            "conv1.0.weight",
+            "conv1.1.weight",
+            "conv1.1.bias",
+            "conv1.6.weight",
+            "bn1.weight",
+            "bn1.bias",
+            "layer2.0.downsample.1.weight",
+            "layer2.0.downsample.2.weight",
+            "layer2.0.downsample.2.bias",
+            "fc.weight",
+            "fc.bias",
+        ]
+        .map(String::from)
+        .to_vec();
+        let model = ModelConfig {
+            name: "resnet50d".into(),
+            freeze: vec!["bn".into()],
+            ..ModelConfig::default()
+        };
+        let mut optimizer = OptimizerConfig::sgd(0.1);
+        optimizer.weight_decay = Some(5e-4);
+        optimizer.no_weight_decay = vec!["bn".into()];
+        let groups = ParamGroups::new(&names, &model, &optimizer).unwrap();
+        let decay =
+            |name: &str| groups.settings[groups.group_of(name, false).unwrap()].weight_decay;
+        assert_eq!(decay("conv1.1.weight"), 0.0);
+        assert_eq!(decay("layer2.0.downsample.2.bias"), 0.0);
+        assert_eq!(decay("layer2.0.downsample.1.weight"), 5e-4);
+        assert_eq!(decay("fc.bias"), 5e-4);
+        assert!(groups.freezes_batch_norm("conv1.1", true));
+        assert!(groups.freezes_batch_norm("layer2.0.downsample.2", true));
+        assert!(
+            groups
+                .group_of("layer2.0.downsample.1.weight", true)
+                .is_some()
+        );
     }
 
     #[test]

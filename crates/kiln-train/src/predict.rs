@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use burn::tensor::activation::softmax;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use kiln_data::{DataError, EvalTransform, ImageLimits, load_rgb};
-use kiln_models::pretrained::{self, PretrainedError};
+use kiln_models::pretrained::{self, Pretrained, PretrainedError, Resample};
 use kiln_models::weights::{self, WeightsError};
-use kiln_models::{ModelError, ResNetConfig};
+use kiln_models::{ModelError, ResNetConfig, Stem};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PredictError {
@@ -34,9 +34,10 @@ pub enum PredictError {
 /// Where the weights come from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Weights {
-    /// torchvision's ImageNet weights for the depth, from the cache or downloaded if allowed.
+    /// torchvision's ImageNet weights (`IMAGENET1K_V1`) for the network, from the cache or
+    /// downloaded if allowed.
     Torchvision { download: bool },
-    /// A torchvision state dict or a kiln export.
+    /// A torchvision or timm state dict, or a kiln export.
     File(PathBuf),
 }
 
@@ -48,6 +49,82 @@ impl Weights {
             path => Weights::File(PathBuf::from(path)),
         }
     }
+}
+
+/// `kiln predict`'s choices, before the weights are found: the weights (`torchvision`,
+/// `torchvision:IMAGENET1K_V2`, `hf-hub:timm/resnet50d.ra2_in1k` or a file) may name the network
+/// and their eval transform, which the choices left open take.
+#[derive(Debug, Clone)]
+pub struct PredictSetup {
+    /// The network; `None` takes the one the weights name (the Hub's config), else resnet50.
+    pub model: Option<String>,
+    pub pretrained: String,
+    pub download: bool,
+    /// The classifier's classes; `None` takes the weights' (the Hub's config), else 1000.
+    pub num_classes: Option<usize>,
+    pub width: usize,
+    pub stem: Stem,
+    /// The shorter side after resizing and the crop; `None` takes the weights' published eval
+    /// transform (torchvision's V2 resize 232; timm's `crop_pct`), else 256 and 224.
+    pub resize: Option<u32>,
+    pub crop: Option<u32>,
+}
+
+/// The network, its weights' file and the transform, for a [`PredictRequest`].
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub model: ResNetConfig,
+    pub weights: PathBuf,
+    pub transform: EvalTransform,
+    /// Where the weights came from, for messages.
+    pub source: String,
+}
+
+/// Finds the weights `setup` asks for (verified, from a cache or downloaded where allowed) and
+/// settles the network and the transform.
+pub fn resolve(setup: &PredictSetup) -> Result<Resolved, PredictError> {
+    let pretrained = Pretrained::parse(&setup.pretrained);
+    let asked = setup.model.as_deref().unwrap_or("resnet50");
+    let fetched = pretrained.fetch(asked, setup.download)?;
+    let model = match &fetched.model {
+        Some(theirs) => {
+            if let Some(asked) = &setup.model {
+                fetched.check_model(&ResNetConfig::from_name(asked)?.with_width(theirs.width))?;
+            }
+            theirs
+                .clone()
+                .with_num_classes(setup.num_classes.unwrap_or(theirs.num_classes))
+                .with_input_stem(setup.stem)
+        }
+        None => ResNetConfig::from_name(asked)?
+            .with_num_classes(setup.num_classes.unwrap_or(1000))
+            .with_width(setup.width)
+            .with_input_stem(setup.stem),
+    };
+    let published = fetched.eval.as_ref();
+    let defaults = EvalTransform::imagenet();
+    let transform = EvalTransform {
+        resize: setup
+            .resize
+            .or(published.map(|e| e.resize))
+            .unwrap_or(defaults.resize),
+        crop: setup
+            .crop
+            .or(published.map(|e| e.crop))
+            .unwrap_or(defaults.crop),
+        interpolation: match published.map(|e| e.resample) {
+            Some(Resample::Bicubic) => kiln_data::Resample::Bicubic,
+            _ => kiln_data::Resample::Bilinear,
+        },
+        mean: published.map_or(defaults.mean, |e| e.mean),
+        std: published.map_or(defaults.std, |e| e.std),
+    };
+    Ok(Resolved {
+        model,
+        weights: fetched.path,
+        transform,
+        source: fetched.source,
+    })
 }
 
 #[derive(Debug, Clone)]
@@ -125,11 +202,10 @@ fn load_model<B: Backend>(
     device: &B::Device,
 ) -> Result<kiln_models::ResNet<B>, PredictError> {
     let path = match &request.weights {
-        Weights::Torchvision { download } => pretrained::torchvision_weights(
-            request.model.depth,
-            &pretrained::cache_dir(),
-            *download,
-        )?,
+        Weights::Torchvision { download } => {
+            let weights = pretrained::torchvision_weights_for(&request.model.name(), None)?;
+            pretrained::torchvision_copy(weights, &pretrained::cache_dir(), *download)?
+        }
         Weights::File(path) => path.clone(),
     };
     let (model, report) = weights::load(request.model.init::<B>(device)?, &path)?;

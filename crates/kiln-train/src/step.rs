@@ -8,15 +8,13 @@
 //! last read in one transfer, when the loop wants them (every `print_every` iterations and at
 //! the end of an epoch).
 
-use std::path::PathBuf;
-
 use burn::collective::PeerId;
 use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
-use kiln_models::pretrained;
+use kiln_models::pretrained::Pretrained;
 use kiln_models::weights;
 use kiln_models::{Precision, ResNet};
 
@@ -29,8 +27,9 @@ use crate::optim::AnyOptimizer;
 use crate::scaler::LossScaler;
 use kiln_config::config::{ModelConfig, TrainConfig};
 
-/// The ResNet of the model section, with pretrained weights if asked for. A pretrained
-/// classifier for another class count is left out, so fine-tuning starts with a fresh `fc`.
+/// The ResNet of the model section, with pretrained weights if asked for (torchvision's,
+/// the Hub's or a file: `pretrained::Pretrained`). A pretrained classifier for another class
+/// count is left out, so fine-tuning starts with a fresh `fc`.
 pub fn build_model<B: Backend>(
     section: &ModelConfig,
     data_classes: usize,
@@ -38,14 +37,12 @@ pub fn build_model<B: Backend>(
 ) -> Result<ResNet<B>, TrainError> {
     let config = section.resnet(data_classes)?;
     let model = config.init::<B>(device)?;
-    let path = match section.pretrained.as_deref() {
-        None => return Ok(model),
-        Some("torchvision") => {
-            pretrained::torchvision_weights(config.depth, &pretrained::cache_dir(), true)?
-        }
-        Some(path) => PathBuf::from(path),
+    let Some(spec) = section.pretrained.as_deref() else {
+        return Ok(model);
     };
-    let (model, _report) = weights::load(model, &path)?;
+    let fetched = Pretrained::parse(spec).fetch(&config.name(), true)?;
+    fetched.check_model(&config)?;
+    let (model, _report) = weights::load(model, &fetched.path)?;
     Ok(model)
 }
 

@@ -203,6 +203,10 @@ impl Descriptor {
             )
         };
         check(lib, status, "cudnnSetConvolution2dDescriptor")?;
+        // SAFETY: `desc` is live; the filter descriptor is `[K, C / groups, R, S]`.
+        let status =
+            unsafe { (lib.cudnnSetConvolutionGroupCount)(desc.raw, geometry.groups as c_int) };
+        check(lib, status, "cudnnSetConvolutionGroupCount")?;
         Ok(desc)
     }
 }

@@ -79,6 +79,7 @@ functions! {
         Desc, c_int, c_int, c_int, c_int, c_int, c_int, c_int, c_int,
     ) -> Status;
     cudnnSetConvolutionMathType(Desc, c_int) -> Status;
+    cudnnSetConvolutionGroupCount(Desc, c_int) -> Status;
     cudnnGetConvolutionForwardWorkspaceSize(
         Handle, Desc, Desc, Desc, Desc, c_int, *mut usize,
     ) -> Status;

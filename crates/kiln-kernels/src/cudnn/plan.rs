@@ -122,8 +122,8 @@ impl MathType {
     }
 }
 
-/// A 2-D convolution without groups, in NCHW: input `x [N, C, H, W]`, weight
-/// `w [K, C, R, S]`, output `y [N, K, P, Q]`.
+/// A 2-D convolution in NCHW: input `x [N, C, H, W]`, weight `w [K, C / groups, R, S]`, output
+/// `y [N, K, P, Q]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub(crate) struct Geometry {
     pub x: [usize; 4],
@@ -132,6 +132,14 @@ pub(crate) struct Geometry {
     pub padding: [usize; 2],
     pub stride: [usize; 2],
     pub dilation: [usize; 2],
+    /// Channel groups (`cudnnSetConvolutionGroupCount`); choices kept before groups were
+    /// taken have none written, and were all of one group.
+    #[serde(default = "one_group")]
+    pub groups: usize,
+}
+
+fn one_group() -> usize {
+    1
 }
 
 impl Geometry {
@@ -141,13 +149,11 @@ impl Geometry {
         w: [usize; 4],
         options: &ConvOptions<2>,
     ) -> Result<Self, String> {
-        if options.groups != 1 {
-            return Err(format!("{} groups", options.groups));
-        }
-        if x[1] != w[1] {
+        let groups = options.groups;
+        if groups == 0 || w[0] % groups != 0 || x[1] != w[1] * groups {
             return Err(format!(
-                "input channels {} but weight channels {}",
-                x[1], w[1]
+                "input channels {}, weight {w:?} and {groups} groups do not fit",
+                x[1]
             ));
         }
         if options.stride.contains(&0) || options.dilation.contains(&0) {
@@ -172,6 +178,7 @@ impl Geometry {
             padding: options.padding,
             stride: options.stride,
             dilation: options.dilation,
+            groups,
         };
         geometry.check_limits()?;
         Ok(geometry)
@@ -197,9 +204,10 @@ impl Geometry {
             .padding
             .iter()
             .chain(&self.stride)
-            .chain(&self.dilation);
+            .chain(&self.dilation)
+            .chain([&self.groups]);
         if params.into_iter().any(|&v| v > limit) {
-            return Err("padding, stride or dilation past i32".into());
+            return Err("padding, stride, dilation or groups past i32".into());
         }
         Ok(())
     }
@@ -399,9 +407,25 @@ mod tests {
     }
 
     #[test]
+    fn grouped_geometry_carries_its_groups() {
+        // ResNeXt-50's first grouped 3x3: 128 channels in 32 groups of 4.
+        let grouped = ConvOptions::new([1, 1], [1, 1], [1, 1], 32);
+        let g = Geometry::new([2, 128, 56, 56], [128, 4, 3, 3], &grouped).unwrap();
+        assert_eq!((g.groups, g.y), (32, [2, 128, 56, 56]));
+        assert_eq!(g.output(Pass::BackwardFilter), [128, 4, 3, 3]);
+        // Choices kept before groups existed read back as one group.
+        let mut json = serde_json::to_value(g).unwrap();
+        json.as_object_mut().unwrap().remove("groups");
+        let old: Geometry = serde_json::from_value(json).unwrap();
+        assert_eq!(old.groups, 1);
+    }
+
+    #[test]
     fn geometry_refuses_what_cudnn_path_does_not_take() {
         let grouped = ConvOptions::new([1, 1], [1, 1], [1, 1], 2);
-        assert!(Geometry::new([1, 4, 8, 8], [4, 2, 3, 3], &grouped).is_err());
+        assert!(Geometry::new([1, 4, 8, 8], [4, 4, 3, 3], &grouped).is_err());
+        assert!(Geometry::new([1, 4, 8, 8], [3, 2, 3, 3], &grouped).is_err());
+        assert!(Geometry::new([1, 4, 8, 8], [4, 2, 3, 3], &grouped).is_ok());
         assert!(Geometry::new([1, 4, 8, 8], [4, 3, 3, 3], &options(1, 1, 1)).is_err());
         assert!(Geometry::new([1, 4, 2, 2], [4, 4, 3, 3], &options(1, 0, 1)).is_err());
         assert!(Geometry::new([0, 4, 8, 8], [4, 4, 3, 3], &options(1, 1, 1)).is_err());
@@ -506,6 +530,15 @@ mod tests {
             AlgoKey {
                 geometry: Geometry::new([8, 64, 32, 32], [64, 64, 3, 3], &options(2, 1, 1))
                     .unwrap(),
+                ..key
+            },
+            AlgoKey {
+                geometry: Geometry::new(
+                    [8, 64, 32, 32],
+                    [64, 2, 3, 3],
+                    &ConvOptions::new([1, 1], [1, 1], [1, 1], 32),
+                )
+                .unwrap(),
                 ..key
             },
         ];

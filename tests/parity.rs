@@ -83,6 +83,17 @@ fn resnext50_32x4d_structure_matches_pytorch() {
     check_model_everywhere("resnext50_32x4d_w4", &model);
 }
 
+/// Wide ResNet's twice-as-wide inner 3x3 convolutions (torchvision's Bottleneck with
+/// `base_width` 128), forward and gradients, on every backend.
+#[test]
+fn wide_resnet50_2_structure_matches_pytorch() {
+    let model = ResNetConfig::from_name("wide_resnet50_2")
+        .unwrap()
+        .with_num_classes(10)
+        .with_width(4);
+    check_model_everywhere("wide_resnet50_2_w4", &model);
+}
+
 /// timm's ResNet-D (its own class and names: the deep stem, average-pool shortcuts, one over a
 /// 7x7 map rounding up), on every backend.
 #[test]

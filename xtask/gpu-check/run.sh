@@ -217,7 +217,7 @@ quick() {
         # a failure, not a skip. RUST_LOG=warn shows a fallback to burn's kernel ("cuDNN did not
         # run"). The test makes about 130 algorithm searches (11 shapes, 3 passes, f32 with and
         # without TF32, bf16, f16) and prints how many and how long they took.
-        [ -x "$CUDNN_TEST" ] && RUST_LOG=warn KILN_REQUIRE_CUDA=$((1 - DRY)) step cudnn 100 "$CUDNN_TEST" --nocapture cudnn_matches cublas_matches
+        [ -x "$CUDNN_TEST" ] && RUST_LOG=warn KILN_REQUIRE_CUDA=$((1 - DRY)) step cudnn 100 "$CUDNN_TEST" --nocapture cudnn_matches cudnn_grouped cublas_matches
         # cuDNN's algorithm choices kept in kiln's cache and read back by the next process.
         [ -x "$CUDNN_TEST" ] && RUST_LOG=warn KILN_REQUIRE_CUDA=$((1 - DRY)) step cudnn-kept 30 "$CUDNN_TEST" --nocapture choices_are_kept
         step quickstart-cold 130 "$KILN" train "${qs[@]}" --set "logging.runs_dir=\"$OUT/work/runs-cold\""
@@ -241,6 +241,16 @@ quick() {
             --json "$OUT/kernels.json"
     ) &
     (
+        # The portable path on the GPU's Vulkan driver: the quickstart twice with one cache, the
+        # second run's first epoch against its second (the pipeline cache kept in kiln's cache,
+        # patches/cubecl-wgpu, is what a warm run no longer builds again).
+        export KILN_CACHE_DIR="$OUT/cache-vulkan"
+        local vk=(--config "$HERE/configs/quickstart.toml" --backend vulkan --set epochs=2)
+        [ "$DRY" = 1 ] && vk+=(--set model.width=4 --set 'data.source={kind="synthetic",train_size=32,val_size=8,image_size=8}')
+        step vulkan-cold 200 "$KILN" train "${vk[@]}" --set "logging.runs_dir=\"$OUT/work/runs-vk-cold\""
+        step vulkan-warm 80 "$KILN" train "${vk[@]}" --set "logging.runs_dir=\"$OUT/work/runs-vk-warm\""
+    ) &
+    (
         export KILN_CACHE_DIR="$OUT/cache-bench-portable-bn"
         KILN_KERNELS=portable-batch-norm step bench-compile-portable-bn 180 "$KILN" bench --backends "$GPU" \
             "${bench_bn[@]}" --warmup 1 --min-steps 1 --min-seconds 0
@@ -249,6 +259,11 @@ quick() {
     for round in cold warm; do
         echo "| quickstart $round | $(grep -ho 'the first step took [0-9.]* s' "$OUT/quickstart-$round.log" | head -n1); $(grep -h '^epoch ' "$OUT/quickstart-$round.log" | tail -n1 | cut -c1-140) | 0 | quickstart-$round.log |" >> "$OUT/summary.md"
     done
+    # Vulkan: each run's epochs, and the pipeline cache files the cold run left for the warm one.
+    for round in cold warm; do
+        echo "| vulkan $round | $(grep -h '^epoch ' "$OUT/vulkan-$round.log" | cut -c1-90 | paste -sd ';' -) | 0 | vulkan-$round.log |" >> "$OUT/summary.md"
+    done
+    echo "| vulkan pipeline cache | $(find "$OUT/cache-vulkan" -path '*pipelines*' -type f -printf '%f %s bytes; ' 2>/dev/null) | 0 | |" >> "$OUT/summary.md"
     # How many algorithm searches the cuDNN test made, and in how long (its limit's basis).
     echo "| cudnn searches | $(grep -ho '[0-9]* cuDNN algorithm searches in [0-9.]* s' "$OUT/cudnn.log" | head -n1) | 0 | cudnn.log |" >> "$OUT/summary.md"
     # A ResNet-50 step's kernels: the launches per step and the five kinds with most device time.

@@ -52,7 +52,14 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         if write {
             let diff = render(&tree_diff(source, &krate.dir)?);
             let text = std::fs::read_to_string(&kiln_md).unwrap_or_default();
-            std::fs::write(&kiln_md, with_diff(&text, &diff))
+            let updated = with_diff(&text, &diff);
+            // Unchanged files keep their time: cargo rebuilds a patched crate (and everything
+            // above it) when any file in its folder is newer than its last build.
+            if updated == text {
+                eprintln!("patches: {shown}/KILN.md already holds its diff");
+                continue;
+            }
+            std::fs::write(&kiln_md, updated)
                 .with_context(|| format!("cannot write {}", kiln_md.display()))?;
             eprintln!("patches: wrote {shown}/KILN.md");
             continue;

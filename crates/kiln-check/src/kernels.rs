@@ -103,7 +103,8 @@ fn duration(text: &str) -> Option<Duration> {
 }
 
 /// A kernel's kind: its name without the runtime, and with an operator's name where it has one
-/// (`KernelBinop | MulOp`); the long generic names of matmuls cut to their first part.
+/// (`KernelBinop: MulOp`, written without the log's `|` so that it fits a markdown table's
+/// cell); the long generic names of matmuls cut to their first part.
 fn kind(name: &str) -> String {
     let parts: Vec<&str> = name
         .split(" | ")
@@ -113,7 +114,7 @@ fn kind(name: &str) -> String {
     match parts.as_slice() {
         [] => name.trim().to_string(),
         [first, second, ..] if second.ends_with("Op") || second.ends_with("Unary") => {
-            format!("{first} | {second}")
+            format!("{first}: {second}")
         }
         [first, ..] => first.to_string(),
     }
@@ -168,13 +169,13 @@ name: burn_cubecl_fusion::optim::elemwise::optimization::elemwise_fuse::Elemwise
         let counts = count(&launches, 2);
         assert_eq!(counts.per_step, 3.5);
         let find = |k: &str| counts.kinds.iter().find(|x| x.kind == k).unwrap().clone();
-        let mul = find("KernelBinop | MulOp");
+        let mul = find("KernelBinop: MulOp");
         assert_eq!(mul.per_step, 1.0);
         assert!((mul.device_ms - 1.75).abs() < 1e-9, "{mul:?}");
         assert_eq!(find("MatmulEntry").per_step, 0.5);
         assert_eq!(find("kiln_cudnn_conv2d").per_step, 0.5);
         assert_eq!(
-            counts.kinds[0].kind, "KernelBinop | MulOp",
+            counts.kinds[0].kind, "KernelBinop: MulOp",
             "most launches first"
         );
     }

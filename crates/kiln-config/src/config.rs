@@ -211,7 +211,9 @@ pub struct ModelConfig {
     pub zero_init_residual: bool,
     /// Batch norm with fixed running statistics, for fine-tuning with few images per device.
     pub freeze_batch_norm: bool,
-    /// `"torchvision"` for torchvision's ImageNet weights, or a path to a state dict.
+    /// Weights to start from: `"torchvision"` (the network's default ImageNet weights),
+    /// `"torchvision:IMAGENET1K_V2"` (one by its tag), `"hf-hub:timm/resnet50d.ra2_in1k"` (timm's
+    /// on the Hugging Face Hub), or a path to a state dict.
     pub pretrained: Option<String>,
     /// Parameters that do not train (torchvision names or prefixes, `"bn"`, `"bias"`; see
     /// `param_groups`): no gradient, no optimizer state, their batch norms in eval mode.

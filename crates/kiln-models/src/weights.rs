@@ -47,7 +47,9 @@ pub enum WeightsError {
         "{path} holds NaN or infinite values in {tensors}: the file is damaged or comes from a run that diverged"
     )]
     NotFinite { path: PathBuf, tensors: String },
-    #[error("{path} does not fit this {model}:{details}")]
+    #[error(
+        "{path} does not fit this {model}:{details}; choose the network and class count the weights were saved for (`--model`, `--num-classes`, or `model.name` and `model.num_classes` in a config)"
+    )]
     Mismatch {
         path: PathBuf,
         model: String,

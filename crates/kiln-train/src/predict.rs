@@ -41,16 +41,6 @@ pub enum Weights {
     File(PathBuf),
 }
 
-impl Weights {
-    /// `"torchvision"` or a path, as configs and `--pretrained` spell it.
-    pub fn parse(spec: &str, download: bool) -> Self {
-        match spec {
-            "torchvision" => Weights::Torchvision { download },
-            path => Weights::File(PathBuf::from(path)),
-        }
-    }
-}
-
 /// `kiln predict`'s choices, before the weights are found: the weights (`torchvision`,
 /// `torchvision:IMAGENET1K_V2`, `hf-hub:timm/resnet50d.ra2_in1k` or a file) may name the network
 /// and their eval transform, which the choices left open take.

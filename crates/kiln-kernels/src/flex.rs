@@ -54,7 +54,10 @@ pub(crate) use crate::same;
 /// groups, kh, kw]` evenly (a call that does not is left to burn, which names the mismatch).
 fn groups_fit(x: [usize; 4], weight: [usize; 4], options: &ConvOptions<2>) -> bool {
     let groups = options.groups;
-    groups > 0 && x[1] % groups == 0 && weight[0] % groups == 0 && x[1] / groups == weight[1]
+    groups > 0
+        && x[1].is_multiple_of(groups)
+        && weight[0].is_multiple_of(groups)
+        && x[1] / groups == weight[1]
 }
 
 fn train_conv2d(

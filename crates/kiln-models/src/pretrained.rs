@@ -642,13 +642,14 @@ mod tests {
         let base = format!("{}/models", hub.endpoint);
         for fault in [Fault::Truncated, Fault::Corrupted] {
             hub.add_static(&format!("/models/{file}"), bytes.clone(), fault);
-            let err = find_or_fetch(&weights, &[kiln.clone()], true, &base).unwrap_err();
+            let err =
+                find_or_fetch(&weights, std::slice::from_ref(&kiln), true, &base).unwrap_err();
             assert!(err.to_string().contains(file), "{err}");
             let left: Vec<_> = std::fs::read_dir(&kiln).unwrap().collect();
             assert!(left.is_empty(), "{fault:?} left {left:?}");
         }
         hub.add_static(&format!("/models/{file}"), bytes.clone(), Fault::None);
-        let downloaded = find_or_fetch(&weights, &[kiln.clone()], true, &base).unwrap();
+        let downloaded = find_or_fetch(&weights, std::slice::from_ref(&kiln), true, &base).unwrap();
         assert_eq!(downloaded, kiln.join(file));
         assert_eq!(std::fs::read(downloaded).unwrap(), bytes);
     }

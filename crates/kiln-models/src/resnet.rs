@@ -242,20 +242,20 @@ impl ResNetConfig {
                     .into(),
             );
         }
-        if self.groups > 1 && (self.width * self.groups) % 64 != 0 {
+        if self.groups > 1 && !(self.width * self.groups).is_multiple_of(64) {
             return invalid(format!(
                 "its {} groups scale with the width: choose a width that is a multiple of {}",
                 self.groups,
                 64 / gcd(64, self.groups)
             ));
         }
-        if (self.width * self.width_per_group * self.groups) % 64 != 0 {
+        if !(self.width * self.width_per_group * self.groups).is_multiple_of(64) {
             return invalid(format!(
                 "width {} times width_per_group {} is no multiple of 64",
                 self.width, self.width_per_group
             ));
         }
-        if self.stem == Stem::Deep && self.width % 2 != 0 {
+        if self.stem == Stem::Deep && !self.width.is_multiple_of(2) {
             return invalid(format!(
                 "the deep stem starts at half the width: choose an even width (not {})",
                 self.width

@@ -340,11 +340,13 @@ fn with_cudnn(
     }
 }
 
+/// `x`'s descriptor and the per-channel one derived from it, for each shape.
+type ShapeDescriptors =
+    std::collections::HashMap<[usize; 4], std::rc::Rc<(Descriptor, Descriptor)>>;
+
 thread_local! {
-    /// The descriptors of each batch norm shape met on this (CUDA server) thread: `x`'s and the
-    /// per-channel one derived from it.
-    static DESCRIPTORS: std::cell::RefCell<std::collections::HashMap<[usize; 4], std::rc::Rc<(Descriptor, Descriptor)>>> =
-        Default::default();
+    /// The descriptors of each batch norm shape met on this (CUDA server) thread.
+    static DESCRIPTORS: std::cell::RefCell<ShapeDescriptors> = Default::default();
 }
 
 /// This thread's descriptors for `dims`, made on first use.

@@ -150,7 +150,7 @@ impl Geometry {
         options: &ConvOptions<2>,
     ) -> Result<Self, String> {
         let groups = options.groups;
-        if groups == 0 || w[0] % groups != 0 || x[1] != w[1] * groups {
+        if groups == 0 || !w[0].is_multiple_of(groups) || x[1] != w[1] * groups {
             return Err(format!(
                 "input channels {}, weight {w:?} and {groups} groups do not fit",
                 x[1]

@@ -48,11 +48,13 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 10)]
     classes: usize,
 
-    /// Start each residual branch's last batch norm at zero. Bottleneck networks (resnet50 and
-    /// deeper) need it: at random initialisation their float32 gradients are ill-conditioned
-    /// (rounding alone moves them by percents), as their training recipes know.
-    #[arg(long)]
-    zero_init_residual: bool,
+    /// Start each residual branch's last batch norm at zero (`--zero-init-residual=false` to
+    /// not). On by default for Bottleneck networks (resnet50 and deeper, ResNeXt, Wide ResNet,
+    /// ResNet-D): at random initialisation their float32 gradients are ill-conditioned
+    /// (rounding alone moves them by percents, flex against ndarray too), as their training
+    /// recipes know; off for the others.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    zero_init_residual: Option<bool>,
 
     /// Also train PyTorch's reference runs on every backend and compare each step's loss and the
     /// parameters with PyTorch's: the folder `tests/fixtures/trajectory/make_trajectories.py`
@@ -69,12 +71,21 @@ pub struct CompareArgs {
     json: Option<PathBuf>,
 }
 
+/// Whether `model` names a network of Bottleneck blocks (an unknown name is left to the
+/// comparison to refuse).
+fn bottleneck(model: &str) -> bool {
+    kiln_models::ResNetConfig::from_name(model)
+        .and_then(|config| kiln_models::architecture(config.depth))
+        .is_ok_and(|(kind, _)| kind == kiln_models::BlockKind::Bottleneck)
+}
+
 pub fn run(args: CompareArgs) -> anyhow::Result<()> {
     let backends = parse_backends(&args.backends)?;
     let reference = match &args.reference {
         Some(name) => Some(crate::bench::parse_backend(name)?),
         None => None,
     };
+    let zero_init_residual = (args.zero_init_residual).unwrap_or_else(|| bottleneck(&args.model));
     let options = CompareOptions {
         backends,
         reference,
@@ -85,7 +96,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
         batch: args.batch,
         steps: args.steps,
         classes: args.classes,
-        zero_init_residual: args.zero_init_residual,
+        zero_init_residual,
         trajectories: args.trajectories,
         runs: args.runs,
     };

@@ -138,6 +138,58 @@ fn bench_prints_kiln_beside_the_pytorch_figures_it_is_given() {
     );
 }
 
+/// The width-4 ResNet-18's training step on wgpu (the software Vulkan device where there is no
+/// GPU), its kernels counted by `kiln bench --kernels`: no division by one (burn's running
+/// state averaged every updated batch norm statistic over its one thread: 57 launches a step),
+/// and no more launches than the portable path's count now (331; 390 before the divisions went).
+#[test]
+fn a_wgpu_training_step_launches_no_division_by_one() {
+    if let Err(why) = probe().report(Backend::Wgpu).devices() {
+        assert!(
+            std::env::var_os("KILN_REQUIRE_WGPU").is_none(),
+            "KILN_REQUIRE_WGPU is set but wgpu is unusable: {why}"
+        );
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("kiln.json");
+    let output = kiln(&[
+        "bench",
+        "--backends",
+        "wgpu",
+        "--models",
+        "resnet18-tiny",
+        "--batches",
+        "2",
+        "--modes",
+        "train",
+        "--warmup",
+        "1",
+        "--min-steps",
+        "1",
+        "--min-seconds",
+        "0",
+        "--kernels",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{:?}", errors(&output));
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let kernels = &rows[0]["kernels"];
+    let kinds: Vec<&str> = kernels["kinds"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no kernel counts:\n{stdout}"))
+        .iter()
+        .map(|k| k["kind"].as_str().unwrap())
+        .collect();
+    assert!(!kinds.iter().any(|k| k.contains("DivOp")), "{kinds:?}");
+    let per_step = kernels["per_step"].as_f64().unwrap();
+    assert!(per_step <= 331.0, "{per_step} launches a step:\n{stdout}");
+}
+
 #[test]
 fn bench_with_a_bad_reference_file_names_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -41,7 +41,9 @@ impl Mode {
 }
 
 /// A benchmark network as people train it: `resnet18-cifar` (CIFAR stem, 32x32, 10 classes) or
-/// `resnetNN` (torchvision's, 224x224, 1000 classes).
+/// `resnetNN` (torchvision's, 224x224, 1000 classes); or `resnet18-tiny` (the CIFAR network at
+/// width 4 on 8x8 images), whose arithmetic is negligible, so that its step time is the host's
+/// and the launches' (the portable path's overhead).
 #[derive(Debug, Clone)]
 pub struct Workload {
     pub name: String,
@@ -53,17 +55,26 @@ pub struct Workload {
 
 impl Workload {
     pub fn parse(name: &str) -> Result<Self, String> {
-        let (base, cifar) = match name.strip_suffix("-cifar") {
-            Some(base) => (base, true),
-            None => (name, false),
+        let (base, suffix) = match name.rsplit_once('-') {
+            Some((base, suffix @ ("cifar" | "tiny"))) => (base, suffix),
+            _ => (name, ""),
         };
         let model = ResNetConfig::from_name(base).map_err(|e| {
-            format!("{e}; benchmark models are resnet18 ... resnet152, optionally with -cifar")
+            format!(
+                "{e}; benchmark models are resnet18 ... resnet152, optionally with -cifar or -tiny"
+            )
         })?;
-        let (model, image_size) = if cifar {
-            (model.with_stem(Stem::Cifar).with_num_classes(10), 32)
-        } else {
-            (model, 224)
+        let cifar = |model: ResNetConfig| model.with_stem(Stem::Cifar).with_num_classes(10);
+        let (model, image_size) = match suffix {
+            "cifar" => (cifar(model), 32),
+            "tiny" => (
+                ResNetConfig {
+                    width: 4,
+                    ..cifar(model)
+                },
+                8,
+            ),
+            _ => (model, 224),
         };
         Ok(Self {
             name: name.to_string(),
@@ -539,5 +550,15 @@ mod tests {
         let bf16 = f32.in_precision(Precision::Bf16);
         assert_eq!(bf16.variant("cuda"), "cuda+bf16");
         assert_eq!(bf16.name, "resnet18-cifar");
+    }
+
+    #[test]
+    fn the_tiny_network_is_the_cifar_one_at_width_four_on_small_images() {
+        let tiny = Workload::parse("resnet18-tiny").unwrap();
+        assert_eq!((tiny.image_size, tiny.model.width), (8, 4));
+        assert_eq!((tiny.model.stem, tiny.model.num_classes), (Stem::Cifar, 10));
+        let full = Workload::parse("resnet50").unwrap();
+        assert_eq!((full.image_size, full.model.width), (224, 64));
+        assert!(Workload::parse("resnet18-huge").is_err());
     }
 }

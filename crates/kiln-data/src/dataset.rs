@@ -31,6 +31,14 @@ pub trait Dataset: Send + Sync {
         let _ = index;
         None
     }
+
+    /// Image `index`'s encoded bytes and their format's file extension, where the data set
+    /// holds them in memory (a Hugging Face set's), so that `kiln shard` keeps them as they are
+    /// rather than writing the decoded pixels again as PNG.
+    fn encoded(&self, index: usize) -> Option<(Vec<u8>, &'static str)> {
+        let _ = index;
+        None
+    }
 }
 
 /// A data set shared between the loader's threads.
@@ -91,6 +99,10 @@ impl Dataset for Subset {
 
     fn file(&self, index: usize) -> Option<std::path::PathBuf> {
         self.inner.file(self.indices[index])
+    }
+
+    fn encoded(&self, index: usize) -> Option<(Vec<u8>, &'static str)> {
+        self.inner.encoded(self.indices[index])
     }
 
     fn classes(&self) -> &[String] {

@@ -402,7 +402,7 @@ fn write_split(
 }
 
 /// Image `index` as file bytes and their extension: the file's own where it has one that
-/// readers know as an image's, else the decoded image as PNG.
+/// readers know as an image's, or the bytes the data set holds, else the decoded image as PNG.
 fn encoded(dataset: &dyn Dataset, index: usize) -> Result<(Vec<u8>, String), DataError> {
     let kept = dataset.file(index).and_then(|file| {
         let extension = file.extension()?.to_str()?.to_ascii_lowercase();
@@ -413,6 +413,9 @@ fn encoded(dataset: &dyn Dataset, index: usize) -> Result<(Vec<u8>, String), Dat
     if let Some((file, extension)) = kept {
         let bytes = std::fs::read(&file).map_err(DataError::io(&file))?;
         return Ok((bytes, extension));
+    }
+    if let Some((bytes, extension)) = dataset.encoded(index) {
+        return Ok((bytes, extension.into()));
     }
     let image = dataset.image(index)?;
     let mut bytes = Vec::new();

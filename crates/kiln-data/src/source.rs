@@ -9,10 +9,11 @@ use serde::{Deserialize, Serialize};
 use crate::cifar::{self, Cifar};
 use crate::csv_labels;
 use crate::dataset::{Dataset, SharedDataset, split};
+use crate::huggingface::{self, HubSettings};
 use crate::image_folder::ImageFolder;
 use crate::shards::{self, Shards};
 use crate::synthetic::Synthetic;
-use crate::{DataError, ImageLimits, digits};
+use crate::{DataError, ImageLimits, digits, registry};
 
 /// A data set, written in a config as a table with a `kind`, for example
 /// `{ kind = "cifar10", root = "data", download = true }`.
@@ -63,6 +64,32 @@ pub enum Source {
         #[serde(default)]
         val: Option<String>,
     },
+    /// A Hugging Face data set (`repo = "uoft-cs/cifar10"`): its parquet files, from the
+    /// Hugging Face cache or downloaded into it. `train` and `val` name splits (`train`; then
+    /// `validation`, else `test`, else none), or `val_fraction` holds part of `train` out;
+    /// `config` picks one of several; `image_column` and `label_column` are found from the
+    /// features (`Image`, `ClassLabel`) when not given.
+    #[serde(rename = "huggingface")]
+    HuggingFace {
+        repo: String,
+        #[serde(default = "default_revision")]
+        revision: String,
+        #[serde(default)]
+        config: Option<String>,
+        #[serde(default = "default_train_split")]
+        train: String,
+        #[serde(default)]
+        val: Option<String>,
+        #[serde(default)]
+        val_fraction: Option<f64>,
+        #[serde(default)]
+        image_column: Option<String>,
+        #[serde(default)]
+        label_column: Option<String>,
+    },
+    /// A data set the program registered under `name` ([`crate::register`]): a burn-dataset
+    /// `Dataset` through [`crate::FromBurn`], or any kiln data set built in code.
+    Registered { name: String },
     /// The 8x8 handwritten digits shipped with kiln: 1,500 train, 297 validation.
     Digits {},
     /// Random images whose classes differ in mean colour.
@@ -90,6 +117,14 @@ fn default_label_column() -> String {
     "label".into()
 }
 
+fn default_revision() -> String {
+    "main".into()
+}
+
+fn default_train_split() -> String {
+    "train".into()
+}
+
 fn default_synthetic_train() -> usize {
     1024
 }
@@ -107,6 +142,7 @@ fn default_synthetic_classes() -> usize {
 }
 
 /// An opened data set: what to train on and, when there is one, what to validate on.
+#[derive(Clone)]
 pub struct Splits {
     pub train: SharedDataset,
     pub val: Option<SharedDataset>,
@@ -120,7 +156,11 @@ impl Source {
             Source::Cifar10 { .. } | Source::Cifar100 { .. } => Some((32, 32)),
             Source::Digits {} => Some((8, 8)),
             Source::Synthetic { image_size, .. } => Some((*image_size, *image_size)),
-            Source::ImageFolder { .. } | Source::Csv { .. } | Source::Shards { .. } => None,
+            Source::ImageFolder { .. }
+            | Source::Csv { .. }
+            | Source::Shards { .. }
+            | Source::HuggingFace { .. }
+            | Source::Registered { .. } => None,
         }
     }
 
@@ -135,6 +175,8 @@ impl Source {
                 Some(csv_labels::classes(file, &self.columns()?).ok()?.len())
             }
             Source::Shards { train, .. } => Some(shard_manifest(train)?.classes.len()),
+            Source::HuggingFace { .. } => Some(self.peek_hub()?.0.len()),
+            Source::Registered { name } => Some(registry::registered(name)?.train.classes().len()),
             Source::ImageFolder { train, .. } => {
                 let entries = std::fs::read_dir(train).ok()?;
                 Some(
@@ -185,7 +227,49 @@ impl Source {
                     .collect();
                 (listed.len() == names.len()).then(|| listed.iter().map(|s| s.samples).sum())
             }
+            Source::HuggingFace { val_fraction, .. } => {
+                Some(less_held_out(self.peek_hub()?.1, *val_fraction))
+            }
+            Source::Registered { name } => Some(registry::registered(name)?.train.len()),
         }
+    }
+
+    /// A Hugging Face source's request of its repository.
+    fn hub_request(&self) -> Option<huggingface::Request<'_>> {
+        let Source::HuggingFace {
+            repo,
+            revision,
+            config,
+            train,
+            val,
+            val_fraction,
+            image_column,
+            label_column,
+        } = self
+        else {
+            return None;
+        };
+        let val = match (val, val_fraction) {
+            (Some(name), _) => huggingface::Val::Named(name),
+            (None, Some(_)) => huggingface::Val::None,
+            (None, None) => huggingface::Val::Default,
+        };
+        Some(huggingface::Request {
+            repo,
+            revision,
+            config: config.as_deref(),
+            train,
+            val,
+            columns: huggingface::Columns {
+                image: image_column.clone(),
+                label: label_column.clone(),
+            },
+        })
+    }
+
+    /// A Hugging Face source's class names and training rows, from the cache's footers.
+    fn peek_hub(&self) -> Option<(Vec<String>, usize)> {
+        huggingface::peek(&self.hub_request()?, &HubSettings::from_env().cache)
     }
 
     /// A CSV source's columns.
@@ -205,8 +289,56 @@ impl Source {
 
     /// Opens the data set: reads CIFAR into memory (downloading it if allowed), lists an image
     /// folder, or builds the shipped or synthetic set. `seed` drives a `val_fraction` split.
+    /// A Hugging Face set is looked for and fetched where the environment says
+    /// ([`HubSettings::from_env`]).
     pub fn open(&self, seed: u64, limits: ImageLimits) -> Result<Splits, DataError> {
+        self.open_with(seed, limits, &HubSettings::from_env())
+    }
+
+    /// [`Source::open`] with the Hugging Face cache and Hub given.
+    pub fn open_with(
+        &self,
+        seed: u64,
+        limits: ImageLimits,
+        hub: &HubSettings,
+    ) -> Result<Splits, DataError> {
         match self {
+            Source::Registered { name } => registry::registered(name).ok_or_else(|| {
+                let names = registry::names();
+                DataError::Invalid(format!(
+                    "data.source names the registered data set `{name}`, which this process has not registered ({}); a program registers it with kiln_data::register(\"{name}\", splits) before training, and again before resuming the run",
+                    if names.is_empty() {
+                        "it has registered none".to_string()
+                    } else {
+                        format!("it has {}", names.join(", "))
+                    }
+                ))
+            }),
+            Source::HuggingFace {
+                val, val_fraction, ..
+            } => {
+                if val.is_some() && val_fraction.is_some() {
+                    return Err(DataError::Invalid(
+                        "huggingface: give either val (a split) or val_fraction, not both".into(),
+                    ));
+                }
+                let request = self.hub_request().expect("a Hugging Face source");
+                let (train, val) = huggingface::open(&request, hub, limits)?;
+                let train: SharedDataset = Arc::new(train);
+                match val_fraction {
+                    Some(fraction) => {
+                        let (train, val) = split(train, *fraction, seed)?;
+                        Ok(Splits {
+                            train,
+                            val: Some(val),
+                        })
+                    }
+                    None => Ok(Splits {
+                        train,
+                        val: val.map(|v| Arc::new(v) as SharedDataset),
+                    }),
+                }
+            }
             Source::Cifar10 { root, download } | Source::Cifar100 { root, download } => {
                 let which = match self {
                     Source::Cifar10 { .. } => Cifar::Cifar10,
@@ -392,6 +524,49 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("mnist"), "{err}");
+    }
+
+    #[test]
+    fn hugging_face_sources_take_the_hubs_defaults_and_round_trip() {
+        let config: Config =
+            toml::from_str("source = { kind = \"huggingface\", repo = \"uoft-cs/cifar10\" }")
+                .unwrap();
+        let Source::HuggingFace {
+            repo,
+            revision,
+            train,
+            val,
+            ..
+        } = &config.source
+        else {
+            panic!("{:?}", config.source);
+        };
+        assert_eq!(
+            (repo.as_str(), revision.as_str(), train.as_str(), val),
+            ("uoft-cs/cifar10", "main", "train", &None)
+        );
+        assert_eq!(config.source.image_size(), None);
+        // As a run's config.toml records it.
+        #[derive(Serialize)]
+        struct Saved<'a> {
+            source: &'a Source,
+        }
+        let text = toml::to_string(&Saved {
+            source: &config.source,
+        })
+        .unwrap();
+        assert!(text.contains("kind = \"huggingface\""), "{text}");
+        assert_eq!(
+            toml::from_str::<Config>(&text).unwrap().source,
+            config.source
+        );
+        let err = toml::from_str::<Config>(
+            "source = { kind = \"huggingface\", repo = \"x/y\", split = \"train\" }",
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains("split"), "{err}");
     }
 
     #[test]

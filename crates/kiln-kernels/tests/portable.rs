@@ -295,3 +295,126 @@ fn the_output_keeps_the_inputs_layout() {
         );
     }
 }
+
+/// `relu(batch_norm(y))` in training: kiln's kernels where it has them (wgpu), else the
+/// textbook (the CPU reference).
+fn bn_relu<B: AutodiffBackend>(y: Tensor<B, 4>, device: &B::Device) -> Tensor<B, 4> {
+    let [n, c, h, w] = y.dims();
+    let weight = fixed::<B, 1>([c], 4, 0.5, device);
+    let bias = fixed::<B, 1>([c], 5, -1.0, device);
+    let ones = Tensor::<B, 1>::ones([c], device);
+    let step = kiln_kernels::BatchNormStep {
+        x: y.clone(),
+        weight: weight.clone(),
+        bias: bias.clone(),
+        running_mean: ones.clone() * 0.0,
+        running_var: ones,
+        num_batches_tracked: Tensor::zeros([1], device),
+        momentum: MOMENTUM,
+        eps: EPS,
+        residual: None,
+        relu: true,
+    };
+    if let Some(out) = kiln_kernels::batch_norm_step(&step) {
+        return out.y;
+    }
+    let rows = y.swap_dims(0, 1).reshape([c, n * h * w]);
+    let (mean, var) = (rows.clone().mean_dim(1), rows.clone().var_bias(1));
+    let y = (rows - mean) / (var + EPS).sqrt() * weight.reshape([c, 1]) + bias.reshape([c, 1]);
+    relu(y.reshape([c, n, h, w]).swap_dims(0, 1))
+}
+
+/// A grouped convolution (ResNeXt's 3x3) whose input and output gradient are channels-last, as
+/// kiln's batch norm leaves them on each side of it: its output and the gradients of its input
+/// and weight, on the wgpu device against flex, either between two batch norms (`bn`: as in a
+/// Bottleneck, the convolution's input gradient feeding the first one's backward) or alone, its
+/// output gradient straight from a channels-last loss weight (burn's operations alone).
+fn grouped<B: AutodiffBackend>(bn: bool, conv: Grouped, device: &B::Device) -> Vec<TensorData> {
+    use burn::tensor::{module::conv2d, ops::ConvOptions};
+    let Grouped {
+        n,
+        c,
+        hw,
+        groups,
+        stride,
+    } = conv;
+    let x = fixed::<B, 4>([n, c, hw, hw], 1, -1.0, device).require_grad();
+    let weight = fixed::<B, 4>([c, c / groups, 3, 3], 2, -1.0, device).require_grad();
+    // Channels-last, as a convolution's output is.
+    let mut x_in = (x.clone().permute([0, 2, 3, 1]) * 1.0).permute([0, 3, 1, 2]);
+    if bn {
+        x_in = bn_relu(x_in, device);
+    }
+    let options = ConvOptions::new([stride, stride], [1, 1], [1, 1], groups);
+    let y = conv2d(x_in, weight.clone(), None, options);
+    let side = y.dims()[2];
+    let scale = fixed::<B, 4>([n, side, side, c], 3, -1.0, device);
+    let z = if bn {
+        bn_relu(y.clone(), device)
+    } else {
+        y.clone()
+    };
+    // The loss weighs a channels-last view, so the output gradient arrives channels-last.
+    let loss = (z.permute([0, 2, 3, 1]) * scale).sum();
+    let grads = loss.backward();
+    vec![
+        y.inner().into_data(),
+        x.grad(&grads).unwrap().into_data(),
+        weight.grad(&grads).unwrap().into_data(),
+    ]
+}
+
+/// A grouped convolution's shape: images, channels in and out, input side, groups, stride.
+#[derive(Debug, Clone, Copy)]
+struct Grouped {
+    n: usize,
+    c: usize,
+    hw: usize,
+    groups: usize,
+    stride: usize,
+}
+
+/// ResNeXt's grouped convolutions beside kiln's batch norm on wgpu: the same output and
+/// gradients as on the CPU, with and without the batch norm, grouped and not, strided and not,
+/// down to the 1x1 maps of a small network's last stage.
+#[test]
+fn grouped_convolutions_with_channels_last_gradients_match_the_cpu() {
+    let Some(gpu) = device() else { return };
+    let mut cases = Vec::new();
+    for groups in [1, 2, 4] {
+        cases.push(Grouped {
+            n: 2,
+            c: 8,
+            hw: 6,
+            groups,
+            stride: 1,
+        });
+    }
+    for (c, hw, stride) in [(16, 8, 2), (32, 4, 2), (64, 2, 2), (64, 1, 1), (8, 16, 1)] {
+        cases.push(Grouped {
+            n: 4,
+            c,
+            hw,
+            groups: 2,
+            stride,
+        });
+    }
+    let mut failures = Vec::new();
+    for conv in cases {
+        for bn in [false, true] {
+            let ours = grouped::<Gpu>(bn, conv, &gpu);
+            let theirs = grouped::<Cpu>(bn, conv, &Default::default());
+            for (name, (a, b)) in ["y", "dx", "dweight"].iter().zip(ours.iter().zip(&theirs)) {
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    a.assert_approx_eq::<f32>(b, Tolerance::rel_abs(1e-3, 1e-4))
+                }));
+                let line = format!("{conv:?}, batch norm {bn}: {name}");
+                println!("{line}: {}", if result.is_ok() { "ok" } else { "DIFFERS" });
+                if result.is_err() {
+                    failures.push(line);
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "differ from the CPU: {failures:#?}");
+}

@@ -18,8 +18,9 @@ use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use burn::module::{Module, Param, RunningState};
+use burn::module::{Module, Param};
 
+use crate::buffer::Buffer;
 use crate::precision::in_f32;
 use burn::tensor::{Tensor, backend::Backend};
 
@@ -28,11 +29,11 @@ use burn::tensor::{Tensor, backend::Backend};
 pub struct BatchNorm2d<B: Backend> {
     pub weight: Param<Tensor<B, 1>>,
     pub bias: Param<Tensor<B, 1>>,
-    pub running_mean: RunningState<Tensor<B, 1>>,
-    pub running_var: RunningState<Tensor<B, 1>>,
-    /// Kept as a float of one element because burn's running state holds float tensors; it is
+    pub running_mean: Buffer<B>,
+    pub running_var: Buffer<B>,
+    /// Kept as a float of one element because burn's modules record float tensors; it is
     /// exported as PyTorch's int64 scalar.
-    pub num_batches_tracked: RunningState<Tensor<B, 1>>,
+    pub num_batches_tracked: Buffer<B>,
     pub momentum: f64,
     pub eps: f64,
     /// Normalize with the running statistics even while training, and leave them as they are
@@ -53,9 +54,9 @@ impl<B: Backend> BatchNorm2d<B> {
         Self {
             weight: Param::from_tensor(weight),
             bias: Param::from_tensor(Tensor::zeros([num_features], device)),
-            running_mean: RunningState::new(Tensor::zeros([num_features], device)),
-            running_var: RunningState::new(Tensor::ones([num_features], device)),
-            num_batches_tracked: RunningState::new(Tensor::zeros([1], device)),
+            running_mean: Buffer::new(Tensor::zeros([num_features], device)),
+            running_var: Buffer::new(Tensor::ones([num_features], device)),
+            num_batches_tracked: Buffer::new(Tensor::zeros([1], device)),
             momentum: 0.1,
             eps: 1e-5,
             frozen: false,
@@ -98,7 +99,7 @@ impl<B: Backend> BatchNorm2d<B> {
         if self.frozen || synced::<B>().is_some() || COMPOSED.get() {
             return None;
         }
-        let running = |state: &RunningState<Tensor<B, 1>>| state.value_sync().to_device(&device);
+        let running = |state: &Buffer<B>| state.value().to_device(&device);
         let step = kiln_kernels::BatchNormStep {
             x: x.clone(),
             weight: self.weight.val(),
@@ -118,8 +119,6 @@ impl<B: Backend> BatchNorm2d<B> {
             (&self.num_batches_tracked, out.num_batches_tracked),
         ] {
             state.update(value);
-            // Fold the update in now, as `update_running_stats` does.
-            state.value_sync();
         }
         Some(out.y)
     }
@@ -187,18 +186,14 @@ impl<B: Backend> BatchNorm2d<B> {
         let m = self.momentum;
         let unbiased = var.detach() * (count as f64 / (count.max(2) - 1) as f64);
         let [_, c] = mean.dims();
-        let update = |state: &RunningState<Tensor<B, 1>>, batch: Tensor<B, 2>| {
-            let running = state.value_sync().to_device(&device);
+        let update = |state: &Buffer<B>, batch: Tensor<B, 2>| {
+            let running = state.value().to_device(&device);
             state.update((running * (1.0 - m) + batch.reshape([c]) * m).detach());
-            // Fold the update in now, so that saving and exporting see it (burn's running
-            // state otherwise holds it per thread until a later read).
-            state.value_sync();
         };
         update(&self.running_mean, mean.detach());
         update(&self.running_var, unbiased);
-        let tracked = self.num_batches_tracked.value_sync().to_device(&device);
+        let tracked = self.num_batches_tracked.value().to_device(&device);
         self.num_batches_tracked.update(tracked + 1.0);
-        self.num_batches_tracked.value_sync();
     }
 }
 
@@ -410,8 +405,8 @@ mod tests {
         let var = Tensor::<Inner, 1>::from_floats([4.0, 0.25, 1.0], &device);
         bn.weight = Param::from_tensor(weight.clone());
         bn.bias = Param::from_tensor(bias.clone());
-        bn.running_mean = RunningState::new(mean.clone());
-        bn.running_var = RunningState::new(var.clone());
+        bn.running_mean = Buffer::new(mean.clone());
+        bn.running_var = Buffer::new(var.clone());
 
         let x = Tensor::<Inner, 4>::random([2, 3, 4, 4], Distribution::Default, &device);
         let shape = [1, 3, 1, 1];

@@ -3,6 +3,7 @@
 //! in and out, by name from their caches and the Hugging Face Hub.
 
 mod batch_norm;
+mod buffer;
 mod footprint;
 pub mod hub;
 pub mod onnx;
@@ -14,6 +15,7 @@ pub mod test_hub;
 pub mod weights;
 
 pub use batch_norm::{BatchNorm2d, synchronized};
+pub use buffer::Buffer;
 pub use footprint::{Footprint, StageFootprint, Summary};
 pub use precision::Precision;
 pub use resnet::{

@@ -6,7 +6,7 @@ use crate::parse_stem;
 use clap::Args;
 use kiln_backend::{probe, resolve};
 use kiln_models::Stem;
-use kiln_train::predict::{PredictRequest, PredictSetup, Weights};
+use kiln_train::predict::{PredictRequest, PredictSetup};
 
 use crate::DeviceArgs;
 
@@ -64,12 +64,9 @@ pub fn run(args: PredictArgs) -> anyhow::Result<()> {
         resize: args.resize,
         crop: args.crop,
     };
-    let found = kiln_train::predict::resolve(&setup)?;
     let request = PredictRequest {
-        model: found.model,
-        weights: Weights::File(found.weights),
+        setup,
         images: args.images,
-        transform: found.transform,
         class_names: args.classes,
         top: args.top,
     };

@@ -1,5 +1,5 @@
 //! Pretrained weights by name, as a user runs kiln: `kiln predict --pretrained hf-hub:...`
-//! against a Hub on loopback (`kiln_models::test_hub`) with the model timm's `save_for_hf`
+//! against a Hub on loopback (`kiln_test_hub`) with the model timm's `save_for_hf`
 //! wrote (`tests/fixtures/make_hub_fixtures.py`), whose top 5 on a photograph must be timm's
 //! own; the cache it leaves used offline; a fine-tuning run started from it whose export has
 //! timm's names; `kiln summary` of the family; and each bad input in one line.
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::errors;
-use kiln_models::test_hub::TestHub;
+use kiln_test_hub::TestHub;
 
 const REPO: &str = "timm/resnet18d.tiny_in1k";
 
@@ -293,4 +293,45 @@ fn summary_knows_the_family() {
     let output = common::kiln(&["summary", "--model", "resnext50_32x4d", "--width", "3"]);
     assert!(!output.status.success());
     assert!(errors(&output).join("\n").contains("multiple of 2"));
+}
+
+/// `--pretrained torchvision` downloads from `$KILN_TORCHVISION_URL` (here a loopback server),
+/// the file under torchvision's own name and path (`/models/resnet18-f37072fd.pth`); a file
+/// whose bytes are not the ones its name's hash prefix says is refused in one line naming it,
+/// and nothing is left in kiln's cache. (torchvision's real files cannot be served here: their
+/// names carry their hashes; `pretrained.rs`' unit tests download a renamed fixture through
+/// the same path to the end.)
+#[test]
+fn torchvision_weights_download_from_the_configured_server_and_are_checked() {
+    use kiln_test_hub::Fault;
+    let hub = TestHub::start();
+    let served = std::fs::read(fixtures().join("resnet18_w4.pth")).unwrap();
+    hub.add_static("/models/resnet18-f37072fd.pth", served, Fault::None);
+    let home = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "predict",
+            &photo(),
+            "--model",
+            "resnet18",
+            "--pretrained",
+            "torchvision",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("RUST_BACKTRACE")
+        .env("KILN_CACHE_DIR", home.path().join("kiln"))
+        .env("TORCH_HOME", home.path().join("torch"))
+        .env("KILN_TORCHVISION_URL", format!("{}/models/", hub.endpoint))
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert_eq!(hub.requests(), ["/models/resnet18-f37072fd.pth"]);
+    let errors = errors(&output);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains("resnet18-f37072fd.pth"), "{errors:?}");
+    let weights = home.path().join("kiln/weights");
+    let left: Vec<_> = std::fs::read_dir(&weights)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }

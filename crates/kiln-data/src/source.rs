@@ -260,7 +260,7 @@ impl Source {
             config: config.as_deref(),
             train,
             val,
-            columns: huggingface::Columns {
+            columns: huggingface::ParquetColumns {
                 image: image_column.clone(),
                 label: label_column.clone(),
             },

@@ -1,22 +1,19 @@
 //! Hugging Face data sets, from files the real `datasets` and `pyarrow` wrote
 //! (`tests/fixtures/make_hf_fixtures.py`) in a Hugging Face cache folder, and through a loopback
-//! Hub for the download path. The cache and the Hub are given explicitly (`HubSettings`), so no
+//! Hub (kiln-test-hub) for the download path. The cache and the Hub are given explicitly (`HubSettings`), so no
 //! test reads or sets the environment.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use burn_dataset::InMemDataset;
-use kiln_data::huggingface::{self, Columns, Request, Val};
+use kiln_data::huggingface::{self, ParquetColumns, Request, Val};
 use kiln_data::{
     BatchShare, DataError, Dataset, FromBurn, HostBatch, HubSettings, ImageData, ImageLimits,
     LabelledImage, Loader, LoaderConfig, OnBadImage, Pipeline, SharedDataset, Source, Transform,
 };
+use kiln_test_hub::{COMMIT, Fault, TestHub};
 
 const FIXTURES: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -118,7 +115,7 @@ fn a_data_set_in_the_cache_opens_offline_with_its_class_names() {
         config: None,
         train: "train",
         val: Val::Default,
-        columns: Columns::default(),
+        columns: ParquetColumns::default(),
     };
     let peeked = huggingface::peek(&request, &hub).unwrap();
     assert_eq!(peeked, (CLASSES.map(String::from).to_vec(), 12));
@@ -414,218 +411,6 @@ fn a_burn_in_memory_data_set_trains_through_kilns_loader() {
 
 // The download path, through a loopback Hub.
 
-const COMMIT: &str = "abcdefabcdefabcdefabcdefabcdefabcdefabcd";
-
-/// How the loopback Hub serves a repository's files.
-#[derive(Clone, Copy, PartialEq)]
-enum Fault {
-    None,
-    /// The body stops halfway, after a `Content-Length` of the whole.
-    Truncated,
-    /// Other bytes than the `X-Linked-Etag` (SHA-256) says.
-    Corrupted,
-}
-
-#[derive(Clone)]
-struct Repo {
-    files: BTreeMap<String, Vec<u8>>,
-    fault: Fault,
-}
-
-/// A Hub on 127.0.0.1 serving dataset repositories as huggingface.co does:
-/// `/api/datasets/ORG/NAME/revision/REV` lists the files (`siblings`) and the commit, and
-/// `/datasets/ORG/NAME/resolve/REV/FILE` answers a parquet (LFS) file with a `302` to its blob
-/// (here `/cdn/ORG/NAME/<sha256>`) carrying `X-Linked-Etag`, `X-Linked-Size` and `X-Repo-Commit`; the
-/// blob answers `Range` requests with `206` and `Content-Range`. An unknown repository gets
-/// `401` (`X-Error-Code: RepoNotFound`), as the Hub answers without a token. It answers one
-/// connection at a time, and stops when dropped or after a minute.
-struct LoopbackHub {
-    endpoint: String,
-    requests: Arc<Mutex<Vec<String>>>,
-    stop: Arc<AtomicBool>,
-}
-
-impl LoopbackHub {
-    fn start(repos: BTreeMap<String, Repo>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (log, stopped, base) = (requests.clone(), stop.clone(), endpoint.clone());
-        std::thread::spawn(move || {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while !stopped.load(Ordering::Relaxed) && Instant::now() < deadline {
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        let _ = answer(stream, &repos, &base, &log);
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-        });
-        LoopbackHub {
-            endpoint,
-            requests,
-            stop,
-        }
-    }
-
-    fn requests(&self) -> Vec<String> {
-        self.requests.lock().unwrap().clone()
-    }
-}
-
-impl Drop for LoopbackHub {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-fn answer(
-    stream: TcpStream,
-    repos: &BTreeMap<String, Repo>,
-    endpoint: &str,
-    log: &Mutex<Vec<String>>,
-) -> std::io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
-    let mut range = None;
-    let mut header = String::new();
-    while reader.read_line(&mut header)? > 2 {
-        if let Some((name, value)) = header.split_once(':')
-            && name.eq_ignore_ascii_case("range")
-            && let Some((start, _)) = value
-                .trim()
-                .strip_prefix("bytes=")
-                .and_then(|r| r.split_once('-'))
-        {
-            range = start.parse::<usize>().ok();
-        }
-        header.clear();
-    }
-    log.lock().unwrap().push(path.clone());
-    let mut stream = stream;
-    let sha = |bytes: &[u8]| {
-        let file = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(file.path(), bytes).unwrap();
-        kiln_download::sha256_file(file.path()).unwrap()
-    };
-    if let Some(rest) = path.strip_prefix("/api/datasets/") {
-        let Some((repo, _revision)) = rest.split_once("/revision/") else {
-            return reply(&mut stream, 404, &[], b"", None);
-        };
-        let Some(found) = repos.get(repo) else {
-            return reply(
-                &mut stream,
-                401,
-                &[("X-Error-Code", "RepoNotFound".into())],
-                b"",
-                None,
-            );
-        };
-        let siblings: Vec<String> = found
-            .files
-            .keys()
-            .map(|f| format!("{{\"rfilename\": \"{f}\"}}"))
-            .collect();
-        let body = format!(
-            "{{\"id\": \"{repo}\", \"sha\": \"{COMMIT}\", \"siblings\": [{}]}}",
-            siblings.join(", ")
-        );
-        return reply(&mut stream, 200, &[], body.as_bytes(), None);
-    }
-    if let Some(rest) = path.strip_prefix("/cdn/")
-        && let Some((repo, wanted)) = rest.rsplit_once('/')
-        && let Some(repo) = repos.get(repo)
-        && let Some(bytes) = repo.files.values().find(|b| sha(b) == wanted)
-    {
-        let mut sent = bytes.clone();
-        if repo.fault == Fault::Corrupted {
-            let middle = sent.len() / 2;
-            sent[middle] ^= 0xff;
-        }
-        let start = range.unwrap_or(0).min(sent.len());
-        let content_range = format!("bytes {start}-{}/{}", sent.len() - 1, sent.len());
-        let part = &sent[start..];
-        let cut = (repo.fault == Fault::Truncated && part.len() > 1).then_some(part.len() / 2);
-        return reply(
-            &mut stream,
-            206,
-            &[("Content-Range", content_range)],
-            part,
-            cut,
-        );
-    }
-    let Some(rest) = path.strip_prefix("/datasets/") else {
-        return reply(&mut stream, 404, &[], b"", None);
-    };
-    let parts: Vec<&str> = rest.splitn(5, '/').collect();
-    let [org, name, "resolve", _revision, file] = parts.as_slice() else {
-        return reply(&mut stream, 404, &[], b"", None);
-    };
-    let Some(repo) = repos.get(&format!("{org}/{name}")) else {
-        return reply(
-            &mut stream,
-            401,
-            &[("X-Error-Code", "RepoNotFound".into())],
-            b"",
-            None,
-        );
-    };
-    let Some(bytes) = repo.files.get(*file) else {
-        return reply(
-            &mut stream,
-            404,
-            &[("X-Error-Code", "EntryNotFound".into())],
-            b"",
-            None,
-        );
-    };
-    let sha = sha(bytes);
-    reply(
-        &mut stream,
-        302,
-        &[
-            ("Location", format!("{endpoint}/cdn/{org}/{name}/{sha}")),
-            ("X-Linked-Etag", format!("\"{sha}\"")),
-            ("X-Linked-Size", bytes.len().to_string()),
-            ("X-Repo-Commit", COMMIT.into()),
-        ],
-        b"",
-        None,
-    )
-}
-
-/// An HTTP/1.1 answer; `cut` sends only that many bytes of the body, then closes.
-fn reply(
-    stream: &mut TcpStream,
-    status: u16,
-    headers: &[(&str, String)],
-    body: &[u8],
-    cut: Option<usize>,
-) -> std::io::Result<()> {
-    let mut head = format!("HTTP/1.1 {status} Status\r\n");
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str(&format!(
-        "Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    ));
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(&body[..cut.unwrap_or(body.len())])?;
-    stream.flush()?;
-    if cut.is_some() {
-        stream.shutdown(std::net::Shutdown::Both)?;
-    }
-    Ok(())
-}
-
 /// kiln/tiny's files at main, as the fixture cache holds them, plus a README the layout ignores.
 fn tiny_files() -> BTreeMap<String, Vec<u8>> {
     let snapshot = Path::new(FIXTURES)
@@ -656,21 +441,16 @@ fn files_under(folder: &Path) -> Vec<String> {
 
 #[test]
 fn a_data_set_downloads_into_the_cache_once_then_opens_offline() {
-    let mut repos = BTreeMap::new();
+    let server = TestHub::start();
     for (name, fault) in [
         ("kiln/tiny", Fault::None),
         ("kiln/damaged", Fault::Corrupted),
         ("kiln/cut", Fault::Truncated),
     ] {
-        repos.insert(
-            name.to_string(),
-            Repo {
-                files: tiny_files(),
-                fault,
-            },
-        );
+        for (file, bytes) in tiny_files() {
+            server.add_dataset(name, &file, bytes, fault);
+        }
     }
-    let server = LoopbackHub::start(repos);
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("hub");
     let online = HubSettings {

@@ -15,7 +15,7 @@
 //! those of every replica's images together, as PyTorch's `SyncBatchNorm` computes them.
 
 use std::any::Any;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use burn::module::{Module, Param};
@@ -96,7 +96,7 @@ impl<B: Backend> BatchNorm2d<B> {
                 relu,
             });
         }
-        if self.frozen || synced::<B>().is_some() || COMPOSED.get() {
+        if self.frozen || synced::<B>().is_some() {
             return None;
         }
         let running = |state: &Buffer<B>| state.value().to_device(&device);
@@ -254,26 +254,6 @@ pub fn synchronized<B: Backend, T>(
         images,
     };
     let _restore = Restore(SYNCED.replace(Some(Rc::new(synced))));
-    f()
-}
-
-thread_local! {
-    /// Whether training batch norm is composed of burn's operations on this thread, while
-    /// [`composed`] runs.
-    static COMPOSED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Runs `f` with training batch norm composed of burn's operations (no kiln kernel) on this
-/// thread: a thread-local setting, as [`synchronized`], so that the model stays as it is.
-pub(crate) fn composed<T>(f: impl FnOnce() -> T) -> T {
-    /// Puts the previous setting back, also when `f` panics.
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            COMPOSED.set(self.0);
-        }
-    }
-    let _restore = Restore(COMPOSED.replace(true));
     f()
 }
 

@@ -17,7 +17,7 @@ use hf_hub::api::sync::{ApiBuilder, ApiError};
 use hf_hub::{Cache, Repo};
 use serde::Deserialize;
 
-use crate::pretrained::{EvalSpec, Resample};
+use crate::eval_transform::{EvalInterpolation, EvalSpec, IMAGENET_MEAN, IMAGENET_STD};
 use crate::{MODEL_NAMES, ResNetConfig, Stem};
 
 /// The files kiln reads from a repository.
@@ -452,12 +452,12 @@ fn eval_spec(cfg: Option<&PretrainedCfg>) -> Result<EvalSpec, String> {
     if !(crop_pct > 0.0 && crop_pct <= 1.0) {
         return Err(format!("has crop_pct {crop_pct}, outside (0, 1]"));
     }
-    let resample = match cfg
+    let interpolation = match cfg
         .and_then(|c| c.interpolation.as_deref())
         .unwrap_or("bilinear")
     {
-        "bilinear" => Resample::Bilinear,
-        "bicubic" => Resample::Bicubic,
+        "bilinear" => EvalInterpolation::Bilinear,
+        "bicubic" => EvalInterpolation::Bicubic,
         other => {
             return Err(format!(
                 "asks for {other} resizing; kiln resizes bilinear or bicubic"
@@ -474,9 +474,9 @@ fn eval_spec(cfg: Option<&PretrainedCfg>) -> Result<EvalSpec, String> {
         // timm: scale_size = math.floor(img_size / crop_pct)
         resize: (height as f64 / crop_pct).floor() as u32,
         crop: height as u32,
-        resample,
-        mean: floats(cfg.and_then(|c| c.mean), crate::pretrained::IMAGENET_MEAN),
-        std: floats(cfg.and_then(|c| c.std), crate::pretrained::IMAGENET_STD),
+        interpolation,
+        mean: floats(cfg.and_then(|c| c.mean), IMAGENET_MEAN),
+        std: floats(cfg.and_then(|c| c.std), IMAGENET_STD),
     })
 }
 
@@ -526,7 +526,7 @@ mod tests {
             EvalSpec {
                 resize: 256,
                 crop: 224,
-                resample: Resample::Bicubic,
+                interpolation: EvalInterpolation::Bicubic,
                 mean: [0.485, 0.456, 0.406],
                 std: [0.229, 0.224, 0.225],
             }
@@ -545,7 +545,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!((tiny.model.width, tiny.model.num_classes), (8, 10));
-        assert_eq!(tiny.eval.resample, Resample::Bilinear);
+        assert_eq!(tiny.eval.interpolation, EvalInterpolation::Bilinear);
     }
 
     #[test]

@@ -4,14 +4,13 @@
 
 mod batch_norm;
 mod buffer;
+pub mod eval_transform;
 mod footprint;
 pub mod hub;
 pub mod onnx;
 mod precision;
 pub mod pretrained;
 mod resnet;
-#[doc(hidden)]
-pub mod test_hub;
 pub mod weights;
 
 pub use batch_norm::{BatchNorm2d, synchronized};
@@ -26,7 +25,7 @@ pub use resnet::{
 /// A model that cannot be built as asked.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("ResNet depth {0} does not exist: choose 18, 34, 50, 101, 152 or 200")]
+    #[error("ResNet depth {0} does not exist: choose 18, 26, 34, 50, 101, 152 or 200")]
     UnknownDepth(usize),
     #[error("unknown model `{0}`: choose {names}", names = MODEL_NAMES.join(", "))]
     UnknownModel(String),

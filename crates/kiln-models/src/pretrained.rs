@@ -7,52 +7,18 @@
 //! `$XDG_CACHE_HOME/kiln`, else `~/.cache/kiln`, under `weights/`), then in PyTorch's own hub
 //! cache, so weights a user already has from torchvision are reused. torchvision names each file
 //! with the first hex digits of its SHA-256, and every copy is checked against them before use.
+//! Downloads come from `$KILN_TORCHVISION_URL` where it is set (a mirror), else
+//! download.pytorch.org.
 
 use std::path::{Path, PathBuf};
 
 use kiln_download::{DownloadError, fetch, is_verified};
 
 use crate::ResNetConfig;
+use crate::eval_transform::EvalSpec;
 use crate::hub::{self, HubError};
 
 const BASE_URL: &str = "https://download.pytorch.org/models";
-
-/// ImageNet's per-channel mean and standard deviation, as torchvision's weights expect.
-pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
-pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
-
-/// How an image is resampled when it is resized.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resample {
-    /// torchvision's default (`InterpolationMode.BILINEAR`), antialiased as Pillow's.
-    Bilinear,
-    /// Pillow's bicubic, timm's usual choice.
-    Bicubic,
-}
-
-/// The evaluation transform a set of weights was published with: resize the shorter side to
-/// `resize`, center-crop `crop`, normalize with `mean` and `std` (pixels / 255).
-#[derive(Debug, Clone, PartialEq)]
-pub struct EvalSpec {
-    pub resize: u32,
-    pub crop: u32,
-    pub resample: Resample,
-    pub mean: [f32; 3],
-    pub std: [f32; 3],
-}
-
-impl EvalSpec {
-    /// torchvision's `ImageClassification(crop_size=224, resize_size=resize)`.
-    fn torchvision(resize: u32) -> Self {
-        Self {
-            resize,
-            crop: 224,
-            resample: Resample::Bilinear,
-            mean: IMAGENET_MEAN,
-            std: IMAGENET_STD,
-        }
-    }
-}
 
 /// One of torchvision's published weights for a network.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -382,7 +348,17 @@ pub fn torchvision_copy(
     let places: Vec<PathBuf> = std::iter::once(cache.to_path_buf())
         .chain(torch_hub_dir())
         .collect();
-    find_or_fetch(weights, &places, download, BASE_URL)
+    find_or_fetch(weights, &places, download, &torchvision_url())
+}
+
+/// Where torchvision's files are downloaded from: `$KILN_TORCHVISION_URL` (a mirror, or a test's
+/// loopback server), else download.pytorch.org, as `HF_ENDPOINT` names the Hub.
+fn torchvision_url() -> String {
+    std::env::var("KILN_TORCHVISION_URL")
+        .ok()
+        .filter(|url| !url.is_empty())
+        .map(|url| url.trim_end_matches('/').to_string())
+        .unwrap_or_else(|| BASE_URL.to_string())
 }
 
 /// The first verified copy in `places`, else a download from `base_url` into the first of them.
@@ -617,7 +593,7 @@ mod tests {
     /// named as torchvision names its files, its hash prefix computed here.
     #[test]
     fn torchvision_files_come_from_torchs_cache_or_a_checked_download() {
-        use crate::test_hub::{Fault, TestHub, sha256};
+        use kiln_test_hub::{Fault, TestHub, sha256};
         let fixture =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/resnet18_w4.pth");
         let bytes = std::fs::read(fixture).unwrap();

@@ -61,11 +61,13 @@ impl BlockKind {
     }
 }
 
-/// The block type and blocks per stage of a depth, as torchvision (and, for 200, timm) define
-/// them.
+/// The block type and blocks per stage of a depth, as torchvision (and, for 26 and 200, timm)
+/// define them.
 pub fn architecture(depth: usize) -> Result<(BlockKind, [usize; 4]), ModelError> {
     match depth {
         18 => Ok((BlockKind::Basic, [2, 2, 2, 2])),
+        // timm's resnet26 and resnet26d: two Bottlenecks a stage.
+        26 => Ok((BlockKind::Bottleneck, [2, 2, 2, 2])),
         34 => Ok((BlockKind::Basic, [3, 4, 6, 3])),
         50 => Ok((BlockKind::Bottleneck, [3, 4, 6, 3])),
         101 => Ok((BlockKind::Bottleneck, [3, 4, 23, 3])),
@@ -76,7 +78,7 @@ pub fn architecture(depth: usize) -> Result<(BlockKind, [usize; 4]), ModelError>
 }
 
 /// The networks kiln builds by name: torchvision's `resnet.py` and timm's ResNet-D.
-pub const MODEL_NAMES: [&str; 17] = [
+pub const MODEL_NAMES: [&str; 19] = [
     "resnet18",
     "resnet34",
     "resnet50",
@@ -88,17 +90,19 @@ pub const MODEL_NAMES: [&str; 17] = [
     "wide_resnet50_2",
     "wide_resnet101_2",
     "resnet18d",
+    "resnet26d",
     "resnet34d",
     "resnet50d",
     "resnet101d",
     "resnet152d",
     "resnet200d",
     "resnet200",
+    "resnet26",
 ];
 
 #[derive(Config, Debug, PartialEq)]
 pub struct ResNetConfig {
-    /// 18, 34, 50, 101, 152 or 200.
+    /// 18, 26, 34, 50, 101, 152 or 200.
     pub depth: usize,
     #[config(default = 1000)]
     pub num_classes: usize,
@@ -668,28 +672,6 @@ pub struct ResNet<B: Backend> {
 impl<B: Backend> ResNet<B> {
     /// Images `[N, 3, H, W]` to logits `[N, num_classes]`.
     pub fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
-        // With kiln's portable batch norm beside burn's grouped convolutions, ResNeXt's gradients
-        // on wgpu come out 1-11% off PyTorch's (tests/parity.rs; burn's batch norm: 2e-4, as
-        // every other network with kiln's), every layer's but the last block's. A grouped
-        // convolution between two of kiln's batch norms, alone, matches the CPU at every shape of
-        // the network (kiln-kernels' `tests/portable.rs`), so the cause lies in how the blocks
-        // join: until it is found, such networks train with burn's batch norm.
-        if self.grouped() {
-            return crate::batch_norm::composed(|| self.forward_layers(images));
-        }
-        self.forward_layers(images)
-    }
-
-    /// Whether any convolution has channel groups (ResNeXt).
-    pub fn grouped(&self) -> bool {
-        let stages = [&self.layer1, &self.layer2, &self.layer3, &self.layer4];
-        stages.into_iter().flatten().any(|block| match block {
-            Block::Basic(b) => b.conv2.groups > 1,
-            Block::Bottleneck(b) => b.conv2.groups > 1,
-        })
-    }
-
-    fn forward_layers(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
         let x = self.precision.cast(images);
         let x = match &self.deep_stem {
             Some(stem) => stem.forward(x),
@@ -1032,6 +1014,6 @@ mod tests {
         let err = ResNetConfig::new(20)
             .init::<B>(&Default::default())
             .unwrap_err();
-        assert!(err.to_string().contains("18, 34, 50, 101, 152 or 200"));
+        assert!(err.to_string().contains("18, 26, 34, 50, 101, 152 or 200"));
     }
 }

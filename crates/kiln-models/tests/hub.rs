@@ -1,4 +1,4 @@
-//! The Hugging Face Hub client against a Hub on loopback (`kiln_models::test_hub`: `resolve/main`
+//! The Hugging Face Hub client against a Hub on loopback (`kiln_test_hub`: `resolve/main`
 //! paths, a CDN redirect with `X-Linked-Etag`, a renamed repository's relative redirect, the
 //! Hub's status codes) and against a cache laid out as `huggingface_hub` lays it out. The model
 //! is timm's own `save_for_hf` of a small resnet18d (`tests/fixtures/make_hub_fixtures.py`).
@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
 use kiln_models::hub::{HubError, Place, fetch_in};
-use kiln_models::test_hub::{COMMIT, Fault, TestHub, sha256};
 use kiln_models::{ResNetConfig, weights};
+use kiln_test_hub::{COMMIT, Fault, TestHub, sha256};
 
 const REPO: &str = "timm/resnet18d.tiny_in1k";
 

@@ -7,7 +7,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::run_dir::write_atomically;
+use crate::write_atomically;
 
 const HEADER: &str = "iteration,epoch,loss,lr\n";
 

@@ -11,9 +11,11 @@
 //! - `run_report`: `report.html`, the run on one page; `report`: several runs on one page
 //!   (`kiln report`).
 //! - `tensorboard`: TensorBoard's event files.
+//! - `atomic`: every file above is written whole or not at all (`write_atomically`).
 //!
 //! No burn here: the loop hands these modules figures and host images, and they write files.
 
+pub mod atomic;
 pub mod confusion;
 pub mod epoch;
 pub mod evaluation;
@@ -26,6 +28,7 @@ pub mod run_dir;
 pub mod run_report;
 pub mod tensorboard;
 
+pub use atomic::write_atomically;
 pub use epoch::EpochSummary;
 pub use evaluation::{Evaluation, ImagePrediction};
 pub use run_dir::RunDir;

@@ -2,12 +2,12 @@
 //! CSV, SVG plots refreshed every epoch, checkpoints, the final model and a summary. Every
 //! step's loss (`iterations.csv`) is kept by `iterations`.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::confusion::{Confusion, heat_map};
 use crate::epoch::EpochSummary;
 use crate::figures::Figures;
+use crate::write_atomically;
 use kiln_config::config::{ConfigError, TrainConfig};
 
 #[derive(Debug)]
@@ -353,23 +353,6 @@ pub fn summary_text(
         model.display()
     );
     text
-}
-
-/// Writes `bytes` to a temporary file beside `path` and renames it into place.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".partial");
-    let partial = PathBuf::from(name);
-    let result = (|| {
-        let mut file = std::fs::File::create(&partial)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&partial, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&partial);
-    }
-    result
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ use crate::events::{Event, Observer, RunEnd};
 use crate::loaders;
 use crate::lr_find::{LrFind, LrFindOptions, LrPoint};
 use crate::measure::{self, Measured, WarmUpSizes};
-use crate::predict::{PredictError, PredictRequest, Prediction};
+use crate::predict::{PredictError, PredictPlan, PredictRequest, Prediction};
 use crate::replicas::Placement;
 use crate::step::build_model;
 use crate::{TrainError, engine};
@@ -401,17 +401,19 @@ impl BackendTask for WarmUp<'_> {
     }
 }
 
-/// Classifies `request`'s images on the resolved device (`kiln predict`).
+/// Finds the weights `request` names (verified, from a cache or downloaded where allowed) and
+/// classifies its images on the resolved device (`kiln predict`).
 pub fn predict(resolved: &Resolved, request: PredictRequest) -> anyhow::Result<Vec<Prediction>> {
-    Ok(run_on(resolved, Predict(request))??)
+    let plan = crate::predict::plan(&request.setup)?;
+    Ok(run_on(resolved, Predict(request, plan))??)
 }
 
-struct Predict(PredictRequest);
+struct Predict(PredictRequest, PredictPlan);
 
 impl BackendTask for Predict {
     type Output = Result<Vec<Prediction>, PredictError>;
 
     fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output {
-        crate::predict::predict::<B::InnerBackend>(&self.0, &devices[0])
+        crate::predict::predict::<B::InnerBackend>(&self.0, &self.1, &devices[0])
     }
 }

@@ -22,7 +22,7 @@ use crate::param_groups::ParamGroups;
 use crate::step::{Replica, StepPlan, build_model, loss_function};
 use kiln_config::config::TrainConfig;
 use kiln_records::plot::{Chart, PALETTE, Series, Style, XAxis, YFormat};
-use kiln_records::run_dir::write_atomically;
+use kiln_records::write_atomically;
 
 /// The range and the stopping rule.
 #[derive(Debug, Clone, PartialEq)]

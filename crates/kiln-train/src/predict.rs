@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use burn::tensor::activation::softmax;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use kiln_data::{DataError, EvalTransform, ImageLimits, load_rgb};
-use kiln_models::pretrained::{self, Pretrained, PretrainedError, Resample};
+use kiln_models::eval_transform::EvalInterpolation;
+use kiln_models::pretrained::{self, Pretrained, PretrainedError};
 use kiln_models::weights::{self, WeightsError};
 use kiln_models::{ModelError, ResNetConfig, Stem};
 
@@ -31,16 +32,6 @@ pub enum PredictError {
     ClassFile { path: PathBuf, reason: String },
 }
 
-/// Where the weights come from.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Weights {
-    /// torchvision's ImageNet weights (`IMAGENET1K_V1`) for the network, from the cache or
-    /// downloaded if allowed.
-    Torchvision { download: bool },
-    /// A torchvision or timm state dict, or a kiln export.
-    File(PathBuf),
-}
-
 /// `kiln predict`'s choices, before the weights are found: the weights (`torchvision`,
 /// `torchvision:IMAGENET1K_V2`, `hf-hub:timm/resnet50d.ra2_in1k` or a file) may name the network
 /// and their eval transform, which the choices left open take.
@@ -60,9 +51,9 @@ pub struct PredictSetup {
     pub crop: Option<u32>,
 }
 
-/// The network, its weights' file and the transform, for a [`PredictRequest`].
+/// The network, its weights' file and the transform that a [`PredictSetup`] settles on.
 #[derive(Debug, Clone)]
-pub struct Resolved {
+pub struct PredictPlan {
     pub model: ResNetConfig,
     pub weights: PathBuf,
     pub transform: EvalTransform,
@@ -72,7 +63,7 @@ pub struct Resolved {
 
 /// Finds the weights `setup` asks for (verified, from a cache or downloaded where allowed) and
 /// settles the network and the transform.
-pub fn resolve(setup: &PredictSetup) -> Result<Resolved, PredictError> {
+pub fn plan(setup: &PredictSetup) -> Result<PredictPlan, PredictError> {
     let pretrained = Pretrained::parse(&setup.pretrained);
     let asked = setup.model.as_deref().unwrap_or("resnet50");
     let fetched = pretrained.fetch(asked, setup.download)?;
@@ -102,14 +93,14 @@ pub fn resolve(setup: &PredictSetup) -> Result<Resolved, PredictError> {
             .crop
             .or(published.map(|e| e.crop))
             .unwrap_or(defaults.crop),
-        interpolation: match published.map(|e| e.resample) {
-            Some(Resample::Bicubic) => kiln_data::Resample::Bicubic,
+        interpolation: match published.map(|e| e.interpolation) {
+            Some(EvalInterpolation::Bicubic) => kiln_data::Resample::Bicubic,
             _ => kiln_data::Resample::Bilinear,
         },
         mean: published.map_or(defaults.mean, |e| e.mean),
         std: published.map_or(defaults.std, |e| e.std),
     };
-    Ok(Resolved {
+    Ok(PredictPlan {
         model,
         weights: fetched.path,
         transform,
@@ -117,12 +108,11 @@ pub fn resolve(setup: &PredictSetup) -> Result<Resolved, PredictError> {
     })
 }
 
+/// `kiln predict`: which weights, and the images to classify.
 #[derive(Debug, Clone)]
 pub struct PredictRequest {
-    pub model: ResNetConfig,
-    pub weights: Weights,
+    pub setup: PredictSetup,
     pub images: Vec<PathBuf>,
-    pub transform: EvalTransform,
     /// One name per line; `None` means ImageNet's for 1000 classes, else `class <i>`.
     pub class_names: Option<PathBuf>,
     pub top: usize,
@@ -139,15 +129,16 @@ pub struct Prediction {
 /// probabilities.
 pub fn predict<B: Backend>(
     request: &PredictRequest,
+    plan: &PredictPlan,
     device: &B::Device,
 ) -> Result<Vec<Prediction>, PredictError> {
-    let num_classes = request.model.num_classes;
+    let num_classes = plan.model.num_classes;
     let names = class_names(request.class_names.as_deref(), num_classes)?;
-    let model = load_model::<B>(request, device)?;
+    let model = load_model::<B>(plan, device)?;
 
     let mut predictions = Vec::with_capacity(request.images.len());
     for chunk in request.images.chunks(BATCH) {
-        let probabilities = score::<B>(&model, chunk, &request.transform, device)?;
+        let probabilities = score::<B>(&model, chunk, &plan.transform, device)?;
         for (image, row) in chunk.iter().zip(probabilities.chunks(num_classes)) {
             let top = top_k(row, request.top)
                 .into_iter()
@@ -188,21 +179,14 @@ fn score<B: Backend>(
 }
 
 fn load_model<B: Backend>(
-    request: &PredictRequest,
+    plan: &PredictPlan,
     device: &B::Device,
 ) -> Result<kiln_models::ResNet<B>, PredictError> {
-    let path = match &request.weights {
-        Weights::Torchvision { download } => {
-            let weights = pretrained::torchvision_weights_for(&request.model.name(), None)?;
-            pretrained::torchvision_copy(weights, &pretrained::cache_dir(), *download)?
-        }
-        Weights::File(path) => path.clone(),
-    };
-    let (model, report) = weights::load(request.model.init::<B>(device)?, &path)?;
+    let (model, report) = weights::load(plan.model.init::<B>(device)?, &plan.weights)?;
     if !report.left_out.is_empty() {
         return Err(PredictError::ClassCount {
-            path,
-            num_classes: request.model.num_classes,
+            path: plan.weights.clone(),
+            num_classes: plan.model.num_classes,
         });
     }
     Ok(model)

@@ -20,9 +20,10 @@ use kiln_records::epoch::EpochSummary;
 use kiln_records::figures::Figures;
 use kiln_records::iterations::{IterationLog, StepLoss};
 use kiln_records::mistakes::{self, SHOWN};
-use kiln_records::run_dir::{RunDir, summary_text, write_atomically};
+use kiln_records::run_dir::{RunDir, summary_text};
 use kiln_records::run_report::{ReportInputs, report_html};
 use kiln_records::tensorboard::EventWriter;
+use kiln_records::write_atomically;
 
 /// The writer of one run's folder.
 pub struct Recorder<'a> {

@@ -23,15 +23,15 @@ pub const DEFAULT_CONFIG: &str = "default";
 /// A repository's parquet files: config -> split -> files (paths in the repository, sorted, so
 /// that `train-00000-of-00002` comes before `train-00001-of-00002`).
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Layout {
+pub struct ParquetFiles {
     pub configs: BTreeMap<String, BTreeMap<String, Vec<String>>>,
 }
 
-impl Layout {
+impl ParquetFiles {
     /// The layout of `paths` (a repository's files, `/`-separated); files that are not parquet
     /// or sit where no layout puts them are left out.
     pub fn new<S: AsRef<str>>(paths: impl IntoIterator<Item = S>) -> Self {
-        let mut layout = Layout::default();
+        let mut layout = ParquetFiles::default();
         for path in paths {
             let path = path.as_ref();
             if let Some((config, split)) = place(path) {
@@ -181,7 +181,7 @@ mod tests {
 
     #[test]
     fn a_config_is_taken_when_alone_or_named() {
-        let layout = Layout::new([
+        let layout = ParquetFiles::new([
             "a/train-00001-of-00002.parquet",
             "a/train-00000-of-00002.parquet",
             "b/test/0000.parquet",
@@ -212,7 +212,7 @@ mod tests {
             err.contains("no config `c`") && err.contains("a, b"),
             "{err}"
         );
-        let one = Layout::new(["data/train-00000-of-00001.parquet"]);
+        let one = ParquetFiles::new(["data/train-00000-of-00001.parquet"]);
         assert_eq!(
             one.config("x/y", None, "the cache").unwrap().0,
             DEFAULT_CONFIG

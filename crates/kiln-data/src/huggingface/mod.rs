@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 pub use hub::HubSettings;
-pub use read::{Columns, HuggingFace};
+pub use read::{HuggingFace, ParquetColumns};
 
 use crate::{DataError, ImageLimits};
-use layout::Layout;
+use layout::ParquetFiles;
 
 /// What a source asks of a repository.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,7 +25,7 @@ pub struct Request<'a> {
     pub config: Option<&'a str>,
     pub train: &'a str,
     pub val: Val<'a>,
-    pub columns: Columns,
+    pub columns: ParquetColumns,
 }
 
 /// Which split validates.
@@ -67,7 +67,7 @@ pub fn open(
 /// download); `None` where the cache does not hold its training split.
 pub fn peek(request: &Request, cache: &std::path::Path) -> Option<(Vec<String>, usize)> {
     let snapshot = hub::cached_snapshot(cache, request.repo, request.revision)?;
-    let layout = Layout::new(hub::snapshot_files(&snapshot));
+    let layout = ParquetFiles::new(hub::snapshot_files(&snapshot));
     let (_, splits) = layout.config(request.repo, request.config, "").ok()?;
     let files: Vec<PathBuf> = splits
         .get(request.train)?
@@ -85,7 +85,7 @@ fn locate(request: &Request, settings: &HubSettings) -> Result<Found, DataError>
     // A snapshot without parquet files is one whose downloads failed (or another kind of
     // repository at that name): as good as none.
     let cached = snapshot
-        .map(|s| (Layout::new(hub::snapshot_files(&s)), s))
+        .map(|s| (ParquetFiles::new(hub::snapshot_files(&s)), s))
         .filter(|(layout, _)| !layout.is_empty());
     if let Some((layout, snapshot)) = &cached {
         let listed = format!("the Hugging Face cache ({})", snapshot.display());
@@ -109,7 +109,7 @@ fn locate(request: &Request, settings: &HubSettings) -> Result<Found, DataError>
         });
     }
     let remote = hub::Remote::new(request.repo, request.revision, settings)?;
-    let layout = Layout::new(remote.files()?);
+    let layout = ParquetFiles::new(remote.files()?);
     let listed = format!("{} at {}", settings.endpoint, request.revision);
     let (train, val) = choose(request, &layout, &listed)?;
     let download = |files: Vec<String>| -> Result<Vec<PathBuf>, DataError> {
@@ -124,7 +124,7 @@ fn locate(request: &Request, settings: &HubSettings) -> Result<Found, DataError>
 /// The files of the train split and of the validation split, in `layout` (listed in `listed`).
 type Chosen = (Vec<String>, Option<Vec<String>>);
 
-fn choose(request: &Request, layout: &Layout, listed: &str) -> Result<Chosen, DataError> {
+fn choose(request: &Request, layout: &ParquetFiles, listed: &str) -> Result<Chosen, DataError> {
     if layout.is_empty() {
         return Err(DataError::HubLayout {
             repo: request.repo.to_string(),

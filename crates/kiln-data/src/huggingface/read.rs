@@ -27,7 +27,7 @@ use crate::{DataError, ImageLimits};
 
 /// The columns a source names, where it names them.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Columns {
+pub struct ParquetColumns {
     pub image: Option<String>,
     pub label: Option<String>,
 }
@@ -59,7 +59,7 @@ impl HuggingFace {
     /// (validation, which must use the training split's).
     pub fn read(
         files: &[PathBuf],
-        columns: &Columns,
+        columns: &ParquetColumns,
         classes: Option<&[String]>,
         limits: ImageLimits,
     ) -> Result<Self, DataError> {
@@ -100,7 +100,7 @@ impl HuggingFace {
     fn read_file(
         &mut self,
         file: &Path,
-        columns: &Columns,
+        columns: &ParquetColumns,
         schema: &mut Option<Schema>,
     ) -> Result<(), DataError> {
         let reader = open(file)?;
@@ -261,7 +261,10 @@ fn open(file: &Path) -> Result<SerializedFileReader<File>, DataError> {
 
 /// The class names and row count of the split in `files`, from their footers alone: what a
 /// source says of itself before it is opened.
-pub fn peek(files: &[PathBuf], columns: &Columns) -> Result<(Vec<String>, usize), DataError> {
+pub fn peek(
+    files: &[PathBuf],
+    columns: &ParquetColumns,
+) -> Result<(Vec<String>, usize), DataError> {
     let mut rows = 0;
     let mut classes = None;
     for file in files {
@@ -297,7 +300,7 @@ fn panic_text(panic: Box<dyn std::any::Any + Send>) -> String {
 fn file_schema(
     file: &Path,
     reader: &SerializedFileReader<File>,
-    columns: &Columns,
+    columns: &ParquetColumns,
 ) -> Result<Schema, DataError> {
     let metadata = reader.metadata().file_metadata();
     let fields = metadata.schema().get_fields();

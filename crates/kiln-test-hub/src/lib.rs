@@ -1,20 +1,27 @@
-//! A Hugging Face Hub for tests, on loopback: model repositories served as the Hub serves them,
-//! so that the Hub client is tested without the internet. Test support shared by kiln-models'
-//! tests and the binary's; not kiln's API.
+//! A Hugging Face Hub on loopback, serving model and dataset repositories as huggingface.co
+//! does, and plain files as download.pytorch.org does, so that kiln's download paths are tested
+//! end to end without the internet. A dev-dependency of kiln's tests; never in a shipped crate.
 //!
-//! `GET /<owner>/<name>/resolve/main/<file>` answers as huggingface.co does: a small file with its
-//! git hash as `ETag`, a `.safetensors` file with a `302` to a CDN address (absolute, here on the
-//! same server) carrying `X-Linked-Etag` (its SHA-256) and `X-Linked-Size`; `X-Repo-Commit`
-//! on both; a renamed repository with a relative `307` to its new name; an unknown repository
-//! with `401` (`X-Error-Code: RepoNotFound`, as the Hub answers without a token) and an unknown
-//! file with `404` (`EntryNotFound`). `Range: bytes=a-b` requests get `206` and
-//! `Content-Range`. A file can be set to break off halfway through (a truncated download) or
-//! to arrive with other bytes than its hash says (a damaged one).
+//! - `GET /<owner>/<name>/resolve/<rev>/<file>` (a model) and
+//!   `GET /datasets/<owner>/<name>/resolve/<rev>/<file>` (a data set) answer as the Hub does: a
+//!   small file with its git hash as `ETag`; a large (LFS) file, `.safetensors` or `.parquet`,
+//!   with a `302` to a CDN address (absolute, here `/cdn/[datasets/]<owner>/<name>/<sha256>` on
+//!   the same server) carrying
+//!   `X-Linked-Etag` (its SHA-256) and `X-Linked-Size`; `X-Repo-Commit` on both.
+//! - `GET /api/datasets/<owner>/<name>/revision/<rev>` lists a data set's files (`siblings`) and
+//!   its commit.
+//! - A renamed model repository answers with a relative `307` to its new name; an unknown
+//!   repository with `401` (`X-Error-Code: RepoNotFound`, as the Hub answers without a token);
+//!   an unknown file with `404` (`EntryNotFound`).
+//! - `Range: bytes=a-b` requests get `206` and `Content-Range`.
+//! - A file can be set to break off halfway (a truncated download) or to arrive with other bytes
+//!   than its hash says (a damaged one).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
@@ -35,11 +42,14 @@ struct File {
     fault: Fault,
 }
 
+/// repo -> file -> contents.
+type Repos = BTreeMap<String, BTreeMap<String, File>>;
+
 #[derive(Debug, Default)]
 struct State {
-    /// repo -> file -> contents.
-    repos: BTreeMap<String, BTreeMap<String, File>>,
-    /// Old name -> new name.
+    models: Repos,
+    datasets: Repos,
+    /// A model repository's old name -> its new name.
     renamed: BTreeMap<String, String>,
     /// Plain files by path (`/models/resnet50-0676ba61.pth`, as download.pytorch.org).
     statics: BTreeMap<String, File>,
@@ -50,11 +60,12 @@ struct State {
 /// A running loopback Hub. It serves until the process ends.
 #[derive(Clone)]
 pub struct TestHub {
+    /// `http://127.0.0.1:<port>`, for `HF_ENDPOINT`.
     pub endpoint: String,
     state: Arc<Mutex<State>>,
 }
 
-/// A fixed commit hash for every repository.
+/// The commit hash every repository is at.
 pub const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 
 impl TestHub {
@@ -73,15 +84,20 @@ impl TestHub {
         hub
     }
 
-    /// Serves `bytes` as `repo`'s `file`.
+    /// Serves `bytes` as model repository `repo`'s `file`.
     pub fn add(&self, repo: &str, file: &str, bytes: Vec<u8>) {
         self.add_with(repo, file, bytes, Fault::None);
     }
 
     pub fn add_with(&self, repo: &str, file: &str, bytes: Vec<u8>, fault: Fault) {
         let mut state = self.state.lock().unwrap();
-        let files = state.repos.entry(repo.to_string()).or_default();
-        files.insert(file.to_string(), File { bytes, fault });
+        insert(&mut state.models, repo, file, File { bytes, fault });
+    }
+
+    /// Serves `bytes` as dataset repository `repo`'s `file` (`plain_text/train-00000-of-00001.parquet`).
+    pub fn add_dataset(&self, repo: &str, file: &str, bytes: Vec<u8>, fault: Fault) {
+        let mut state = self.state.lock().unwrap();
+        insert(&mut state.datasets, repo, file, File { bytes, fault });
     }
 
     /// Serves `bytes` at `path` as a plain web server (no Hub headers).
@@ -104,6 +120,8 @@ impl TestHub {
     }
 
     fn answer(&self, stream: TcpStream) {
+        // A client that stops mid-request must not hold a thread forever.
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
         let mut reader = BufReader::new(match stream.try_clone() {
             Ok(s) => s,
             Err(_) => return,
@@ -128,44 +146,71 @@ impl TestHub {
         let _ = self.respond(&mut stream, &path, range);
     }
 
-    fn respond(
-        &self,
-        stream: &mut TcpStream,
-        path: &str,
-        range: Option<(u64, Option<u64>)>,
-    ) -> std::io::Result<()> {
+    fn respond(&self, stream: &mut TcpStream, path: &str, range: Range) -> std::io::Result<()> {
         let state = self.state.lock().unwrap();
         if let Some(file) = state.statics.get(path).cloned() {
             drop(state);
             return body(stream, &file, range, &[]);
         }
-        if let Some(sha) = path.strip_prefix("/cdn/") {
-            let found = state
-                .repos
-                .values()
-                .flat_map(|f| f.values())
-                .find(|f| sha256(&f.bytes) == sha);
-            return match found.cloned() {
-                Some(file) => {
-                    drop(state);
-                    body(stream, &file, range, &[("ETag", format!("\"{sha}\""))])
-                }
+        if let Some(rest) = path.strip_prefix("/cdn/")
+            && let Some((repo, sha)) = rest.rsplit_once('/')
+        {
+            let repos = match repo.strip_prefix("datasets/") {
+                Some(_) => &state.datasets,
+                None => &state.models,
+            };
+            let found = repos
+                .get(repo.trim_start_matches("datasets/"))
+                .and_then(|files| files.values().find(|f| sha256(&f.bytes) == sha))
+                .cloned();
+            drop(state);
+            return match found {
+                Some(file) => body(stream, &file, range, &[("ETag", format!("\"{sha}\""))]),
                 None => status(stream, 404, &[("X-Error-Code", "EntryNotFound".into())]),
             };
         }
-        let Some((repo, file)) = path.trim_start_matches('/').split_once("/resolve/main/") else {
+        if let Some(rest) = path.strip_prefix("/api/datasets/") {
+            let Some((repo, _revision)) = rest.split_once("/revision/") else {
+                return status(stream, 404, &[]);
+            };
+            let Some(files) = state.datasets.get(repo) else {
+                return not_found(stream);
+            };
+            let siblings: Vec<String> = files
+                .keys()
+                .map(|f| format!("{{\"rfilename\": \"{f}\"}}"))
+                .collect();
+            let listing = format!(
+                "{{\"id\": \"{repo}\", \"sha\": \"{COMMIT}\", \"siblings\": [{}]}}",
+                siblings.join(", ")
+            );
+            let file = File {
+                bytes: listing.into_bytes(),
+                fault: Fault::None,
+            };
+            drop(state);
+            return body(stream, &file, None, &[]);
+        }
+        let (repos, rest, cdn) = match path.strip_prefix("/datasets/") {
+            Some(rest) => (&state.datasets, rest, "cdn/datasets"),
+            None => (&state.models, path.trim_start_matches('/'), "cdn"),
+        };
+        let Some((repo, revision_file)) = rest.split_once("/resolve/") else {
+            return status(stream, 404, &[]);
+        };
+        let Some((_revision, file)) = revision_file.split_once('/') else {
             return status(stream, 404, &[]);
         };
         if let Some(new) = state.renamed.get(repo) {
-            let location = format!("/{new}/resolve/main/{file}");
+            let location = format!("/{new}/resolve/{revision_file}");
             return status(
                 stream,
                 307,
                 &[("Location", location), ("X-Repo-Commit", COMMIT.into())],
             );
         }
-        let Some(files) = state.repos.get(repo) else {
-            return status(stream, 401, &[("X-Error-Code", "RepoNotFound".into())]);
+        let Some(files) = repos.get(repo) else {
+            return not_found(stream);
         };
         let Some(found) = files.get(file).cloned() else {
             return status(
@@ -178,9 +223,9 @@ impl TestHub {
             );
         };
         drop(state);
-        if file.ends_with(".safetensors") {
+        if file.ends_with(".safetensors") || file.ends_with(".parquet") {
             let sha = sha256(&found.bytes);
-            let location = format!("{}/cdn/{sha}", self.endpoint);
+            let location = format!("{}/{cdn}/{repo}/{sha}", self.endpoint);
             return status(
                 stream,
                 302,
@@ -205,10 +250,23 @@ impl TestHub {
     }
 }
 
+fn insert(repos: &mut Repos, repo: &str, file: &str, contents: File) {
+    let files = repos.entry(repo.to_string()).or_default();
+    files.insert(file.to_string(), contents);
+}
+
+/// The first and, when given, last byte of a `Range` request.
+type Range = Option<(u64, Option<u64>)>;
+
 /// `bytes=a-b` or `bytes=a-`.
-fn parse_range(value: &str) -> Option<(u64, Option<u64>)> {
+fn parse_range(value: &str) -> Range {
     let (start, end) = value.strip_prefix("bytes=")?.split_once('-')?;
     Some((start.parse().ok()?, end.parse().ok()))
+}
+
+/// The Hub's answer for a repository it does not have, to a client without a token.
+fn not_found(stream: &mut TcpStream) -> std::io::Result<()> {
+    status(stream, 401, &[("X-Error-Code", "RepoNotFound".into())])
 }
 
 fn status(stream: &mut TcpStream, code: u16, headers: &[(&str, String)]) -> std::io::Result<()> {
@@ -223,7 +281,7 @@ fn status(stream: &mut TcpStream, code: u16, headers: &[(&str, String)]) -> std:
 fn body(
     stream: &mut TcpStream,
     file: &File,
-    range: Option<(u64, Option<u64>)>,
+    range: Range,
     headers: &[(&str, String)],
 ) -> std::io::Result<()> {
     let mut bytes = file.bytes.clone();
@@ -276,6 +334,7 @@ fn reason(code: u16) -> &'static str {
     }
 }
 
+/// A file's SHA-256 in hex, as the Hub names LFS files.
 pub fn sha256(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
         .iter()

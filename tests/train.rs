@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
 use burn::tensor::{Distribution, Tensor};
-use common::{errors, kiln, strs, train_args, train_on_flex};
+use common::{epoch_figures, errors, kiln, strs, train_args, train_on_flex};
 
 /// The single run directory under `runs`.
 fn run_dir(runs: &Path) -> PathBuf {
@@ -435,27 +435,6 @@ fn too_many_loader_workers_are_lowered_with_a_warning() {
     );
 }
 
-/// The figures of each epoch that must not depend on interruptions (times may).
-fn trajectory(run: &Path) -> Vec<Vec<String>> {
-    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default();
-    text.lines()
-        .map(|line| {
-            let epoch: serde_json::Value = serde_json::from_str(line).unwrap();
-            [
-                "epoch",
-                "iteration",
-                "lr",
-                "train_loss",
-                "val_loss",
-                "val_top1",
-            ]
-            .iter()
-            .map(|key| epoch[key].to_string())
-            .collect()
-        })
-        .collect()
-}
-
 /// The highest `[epoch E, iteration I]` a process printed (every iteration is printed).
 fn last_iteration(console: &str) -> Option<usize> {
     console
@@ -496,7 +475,7 @@ fn a_run_killed_at_random_moments_and_resumed_ends_as_an_uninterrupted_one() {
     let output = start(&whole).output().unwrap();
     let step_seconds = clock.elapsed().as_secs_f64() / 72.0;
     assert!(output.status.success(), "{:?}", errors(&output));
-    let expected = trajectory(&run_dir(&whole));
+    let expected = epoch_figures(&run_dir(&whole));
     assert_eq!(expected.len(), 6);
 
     let killed = runs.path().join("killed");
@@ -555,7 +534,7 @@ fn a_run_killed_at_random_moments_and_resumed_ends_as_an_uninterrupted_one() {
     println!("{kills} kills landed");
     assert!(finished, "the run never finished");
     assert!(kills >= 5, "only {kills} kills landed");
-    assert_eq!(trajectory(&run_dir(&killed)), expected);
+    assert_eq!(epoch_figures(&run_dir(&killed)), expected);
     // Every step's loss as the uninterrupted run wrote it: the rows a kill left past the
     // checkpoint were cut on resume.
     let steps = |runs: &Path| std::fs::read_to_string(run_dir(runs).join("iterations.csv"));
@@ -660,7 +639,7 @@ fn the_quickstart_from_its_shards_trains_as_from_the_shipped_digits() {
         let runs = dir.path().join(runs);
         let output = train_on_flex(config, &["epochs=2"], &runs);
         assert!(output.status.success(), "{:?}", errors(&output));
-        trajectory(&run_dir(&runs))
+        epoch_figures(&run_dir(&runs))
     };
     let digits = train("configs/quickstart.toml", "runs-digits");
     assert_eq!(digits.len(), 2);
@@ -712,7 +691,10 @@ fn the_quickstart_from_its_shards_trains_as_from_the_shipped_digits() {
     child.kill().unwrap();
     assert!(child.wait().unwrap().code().is_none(), "not killed mid-run");
     let run = run_dir(&killed);
-    assert!(trajectory(&run).len() < 2, "killed after the run had ended");
+    assert!(
+        epoch_figures(&run).len() < 2,
+        "killed after the run had ended"
+    );
     let resumed = kiln(&[
         "train",
         "--resume",
@@ -726,5 +708,5 @@ fn the_quickstart_from_its_shards_trains_as_from_the_shipped_digits() {
             .iter()
             .any(|l| l.starts_with("resuming from"))
     );
-    assert_eq!(trajectory(&run), digits);
+    assert_eq!(epoch_figures(&run), digits);
 }

@@ -47,3 +47,26 @@ pub fn train_on_flex(config: &str, sets: &[&str], runs: &Path) -> Output {
 pub fn strs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
 }
+
+/// The figures of each epoch of `run` that must not depend on interruptions or on where the data
+/// came from (wall-clock times may).
+#[allow(dead_code)] // Not every test crate trains.
+pub fn epoch_figures(run: &Path) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            let epoch: serde_json::Value = serde_json::from_str(line).unwrap();
+            [
+                "epoch",
+                "iteration",
+                "lr",
+                "train_loss",
+                "val_loss",
+                "val_top1",
+            ]
+            .iter()
+            .map(|key| epoch[key].to_string())
+            .collect()
+        })
+        .collect()
+}

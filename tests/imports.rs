@@ -102,3 +102,51 @@ fn no_module_of_a_kiln_crate_imports_one_that_imports_it() {
     }
     assert!(circles.is_empty(), "import circles: {circles:#?}");
 }
+
+/// The type names (`struct`, `enum`, `trait`, `type`, public to the crate or beyond) that each of
+/// kiln's source files defines, outside its tests.
+fn type_names(code: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in code.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let Some(at) = words
+            .iter()
+            .position(|w| *w == "pub" || w.starts_with("pub("))
+        else {
+            continue;
+        };
+        if let [kind, name, ..] = &words[at + 1..]
+            && ["struct", "enum", "trait", "type"].contains(kind)
+        {
+            let name: String = name
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .collect();
+            names.insert(name);
+        }
+    }
+    names
+}
+
+#[test]
+fn no_type_name_is_defined_in_two_files() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut sources = vec![root.join("src")];
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        sources.push(entry.unwrap().path().join("src"));
+    }
+    let mut homes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for src in sources.iter().filter(|s| s.is_dir()) {
+        for (module, code) in modules(src) {
+            for name in type_names(&code) {
+                let krate = src.parent().unwrap().file_name().unwrap().to_string_lossy();
+                homes
+                    .entry(name)
+                    .or_default()
+                    .push(format!("{krate}::{module}"));
+            }
+        }
+    }
+    homes.retain(|_, files| files.len() > 1);
+    assert!(homes.is_empty(), "names defined in two files: {homes:#?}");
+}

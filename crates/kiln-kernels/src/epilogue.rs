@@ -4,7 +4,7 @@
 //! here they touch each output plane once, while it is still in cache.
 
 /// Per output channel `relu(y * scale + shift + residual)`, ReLU and residual where given.
-pub(crate) struct Epilogue<'a> {
+pub(crate) struct PlaneEpilogue<'a> {
     pub scale: &'a [f32],
     pub shift: &'a [f32],
     /// Laid out as the output (NCHW).
@@ -12,7 +12,7 @@ pub(crate) struct Epilogue<'a> {
     pub relu: bool,
 }
 
-impl Epilogue<'_> {
+impl PlaneEpilogue<'_> {
     /// Finishes output plane `index` (image `index / c_out`, channel `index % c_out`) in place.
     pub(crate) fn finish(&self, index: usize, plane: &mut [f32]) {
         let channel = index % self.scale.len();

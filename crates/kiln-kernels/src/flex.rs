@@ -10,9 +10,9 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::{ConvOptions, FloatTensor};
 use burn::tensor::{DType, Tensor, TensorData, TensorMetadata, TensorPrimitive, backend::Backend};
 
-use crate::epilogue::Epilogue;
+use crate::epilogue::PlaneEpilogue;
 use crate::gemm_conv::{self, Geometry};
-use crate::winograd::Pass;
+use crate::winograd::ForwardKind;
 
 /// The training backend this path serves: flex under burn's default (no checkpointing) autodiff.
 pub(crate) type Train = Autodiff<Flex>;
@@ -39,7 +39,7 @@ pub(crate) fn conv2d<B: Backend>(
             weight.into_primitive().tensor(),
             options,
             None,
-            Pass::Inference,
+            ForwardKind::Inference,
         );
         return same(Tensor::<Flex, 4>::from_primitive(TensorPrimitive::Float(y)));
     }
@@ -83,7 +83,7 @@ fn train_conv2d(
                     weight.primitive,
                     &options,
                     None,
-                    Pass::Training,
+                    ForwardKind::Training,
                 ),
             )
         }
@@ -92,7 +92,7 @@ fn train_conv2d(
             weight.primitive,
             &options,
             None,
-            Pass::Training,
+            ForwardKind::Training,
         )),
     };
     Tensor::from_primitive(TensorPrimitive::Float(y))
@@ -139,12 +139,12 @@ fn forward(
     x: FloatTensor<Flex>,
     weight: FloatTensor<Flex>,
     options: &ConvOptions<2>,
-    epilogue: Option<&Epilogue>,
-    pass: Pass,
+    epilogue: Option<&PlaneEpilogue>,
+    kind: ForwardKind,
 ) -> FloatTensor<Flex> {
     let y_shape = output_shape(&x, &weight, options);
     let geometry = Geometry::new(dims(&x), dims(&weight), y_shape, options);
-    let y = gemm_conv::forward(&values(&x), &values(&weight), &geometry, epilogue, pass);
+    let y = gemm_conv::forward(&values(&x), &values(&weight), &geometry, epilogue, kind);
     primitive(y, y_shape)
 }
 
@@ -191,13 +191,13 @@ pub(crate) fn conv2d_epilogue<B: Backend>(
     }
     let (scale, shift) = (values(&scale), values(&shift));
     let residual = residual.as_ref().map(values);
-    let finish = Epilogue {
+    let finish = PlaneEpilogue {
         scale: &scale,
         shift: &shift,
         residual: residual.as_deref(),
         relu: epilogue.relu,
     };
-    let y = forward(x, weight, options, Some(&finish), Pass::Inference);
+    let y = forward(x, weight, options, Some(&finish), ForwardKind::Inference);
     same(Tensor::<Flex, 4>::from_primitive(TensorPrimitive::Float(y)))
 }
 

@@ -19,10 +19,10 @@ use burn::tensor::ops::ConvOptions;
 use gemm::{Parallelism, gemm};
 use rayon::prelude::*;
 
-use crate::epilogue::Epilogue;
+use crate::epilogue::PlaneEpilogue;
 use crate::shifted_conv::{self, Layout};
 use crate::uninit::{assume_written, written_in_chunks};
-use crate::winograd::{self, Pass};
+use crate::winograd::{self, ForwardKind};
 
 /// im2col matrices are built for as many images at a time as fit in this many bytes, which bounds
 /// the extra memory whatever the batch size; larger groups make faster products.
@@ -151,11 +151,11 @@ pub(crate) fn forward(
     x: &[f32],
     weight: &[f32],
     g: &Geometry,
-    epilogue: Option<&Epilogue>,
-    pass: Pass,
+    epilogue: Option<&PlaneEpilogue>,
+    kind: ForwardKind,
 ) -> Vec<f32> {
-    if g.winograd() && (pass == Pass::Inference || g.tiled()) {
-        return winograd::forward(x, weight, g.input(), g.c_out, epilogue, pass);
+    if g.winograd() && (kind == ForwardKind::Inference || g.tiled()) {
+        return winograd::forward(x, weight, g.input(), g.c_out, epilogue, kind);
     }
     if g.pointwise() {
         return pointwise(x, weight, g, epilogue);
@@ -191,7 +191,12 @@ pub(crate) fn forward(
 /// A 1x1 convolution with stride 1 on maps of `POINTWISE_PLANE` positions or more: each image's
 /// output is the weight times the image itself (`[c_in, h * w]`, as NCHW lays it out), written
 /// in place, with no im2col matrix (it would be a copy of the input) and no copy of the product.
-fn pointwise(x: &[f32], weight: &[f32], g: &Geometry, epilogue: Option<&Epilogue>) -> Vec<f32> {
+fn pointwise(
+    x: &[f32],
+    weight: &[f32],
+    g: &Geometry,
+    epilogue: Option<&PlaneEpilogue>,
+) -> Vec<f32> {
     let plane = g.out_plane();
     // Images in parallel where there are enough for every thread, else each product is.
     let parallelism = if g.images >= rayon::current_num_threads() {

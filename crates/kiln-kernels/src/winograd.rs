@@ -30,7 +30,7 @@ use std::ops::RangeInclusive;
 use gemm::{Parallelism, gemm};
 use rayon::prelude::*;
 
-use crate::epilogue::Epilogue;
+use crate::epilogue::PlaneEpilogue;
 use crate::uninit::{assume_written, written_in_chunks};
 
 /// Images are transformed and multiplied in groups whose transformed tiles and products fit in
@@ -50,7 +50,7 @@ const LANES: usize = 8;
 
 /// What a forward convolution is for, which decides the algorithm's tile size.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pass {
+pub(crate) enum ForwardKind {
     /// Training: F(2x2, 3x3), whose rounding keeps the PyTorch trajectories' bounds.
     Training,
     /// Inference: F(4x4, 3x3) where [`takes_f4`] says it is the faster (36 products per 4x4
@@ -67,11 +67,11 @@ pub(crate) fn forward(
     weight: &[f32],
     dims: [usize; 4],
     c_out: usize,
-    epilogue: Option<&Epilogue>,
-    pass: Pass,
+    epilogue: Option<&PlaneEpilogue>,
+    kind: ForwardKind,
 ) -> Vec<f32> {
     let kernels = Kernels::Weight(weight);
-    if pass == Pass::Inference && takes_f4(dims, c_out) {
+    if kind == ForwardKind::Inference && takes_f4(dims, c_out) {
         convolve::<6, 4, F4>(x, kernels, dims, c_out, epilogue)
     } else {
         convolve::<4, 2, F2>(x, kernels, dims, c_out, epilogue)
@@ -144,7 +144,7 @@ fn convolve<const T: usize, const M: usize, W: Minimal<T, M>>(
     kernels: Kernels,
     [images, c_in, height, width]: [usize; 4],
     c_out: usize,
-    epilogue: Option<&Epilogue>,
+    epilogue: Option<&PlaneEpilogue>,
 ) -> Vec<f32> {
     let tiles = Tiles::new(height, width, M);
     let layout = W::layout(tiles.plane());

@@ -39,7 +39,7 @@ use cubecl_cuda::{CudaRuntime, ExternalLaunch};
 use cudarc::cublas::sys;
 
 use crate::cudnn::op::{Handles, Runtime, grad_in, inputs, report};
-use crate::cudnn::policy::{Cause, Failure, Keys, Outcome, Route};
+use crate::cudnn::policy::{CallOutcome, Cause, Failure, Keys, Route};
 use crate::same;
 use gemm::Product;
 
@@ -237,18 +237,18 @@ fn with_cublas(
         return Some(output);
     }
     let outcome = match cubecl_cuda::launch_external(&client, &device, name, bindings, run) {
-        Ok(Ok(())) => Outcome::Ran {
+        Ok(Ok(())) => CallOutcome::Ran {
             choice: (),
             searched: false,
             full_scratch: true,
         },
-        Ok(Err(failure)) => Outcome::Failed(failure),
-        Err(err) => Outcome::Failed(Failure::transient(format!("{err:?}"))),
+        Ok(Err(failure)) => CallOutcome::Failed(failure),
+        Err(err) => CallOutcome::Failed(Failure::transient(format!("{err:?}"))),
     };
     keys().settle(&key, &outcome);
     match outcome {
-        Outcome::Ran { .. } => Some(output),
-        Outcome::Failed(failure) => {
+        CallOutcome::Ran { .. } => Some(output),
+        CallOutcome::Failed(failure) => {
             report(&format!("{name} {product:?}"), &failure);
             None
         }

@@ -14,17 +14,17 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use cubecl_cuda::ExternalLaunch;
 
 use super::library::{self, AlgoPerf, Desc, Handle, Library, Status};
-use super::plan::{self, Choice, DataType, Geometry, MathType, Pass};
-use super::policy::{Failure, Outcome, cudnn_cause};
+use super::plan::{self, Choice, ConvDims, ConvPass, DataType, MathType};
+use super::policy::{CallOutcome, Failure, cudnn_cause};
 
 /// One convolution for cuDNN. Its bindings are, in order: forward `[x, w, y]`, backward data
 /// `[w, dy, dx]`, backward filter `[x, dy, dw]`; then, for a launch without waiting whose choice
 /// has one, its workspace.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Job {
-    pub pass: Pass,
+    pub pass: ConvPass,
     pub data: DataType,
-    pub geometry: Geometry,
+    pub geometry: ConvDims,
     pub tf32: bool,
 }
 
@@ -60,7 +60,7 @@ thread_local! {
     /// one handle per device. Never destroyed: it lives as long as the server thread.
     static HANDLE: RefCell<Option<Handle>> = const { RefCell::new(None) };
     /// The descriptors of each convolution shape met on this thread.
-    static DESCRIPTORS: RefCell<HashMap<(DataType, Geometry), Rc<Descriptors>>> =
+    static DESCRIPTORS: RefCell<HashMap<(DataType, ConvDims), Rc<Descriptors>>> =
         RefCell::new(HashMap::new());
 }
 
@@ -163,7 +163,7 @@ impl Descriptor {
             lib.cudnnDestroyFilterDescriptor,
             "cudnnCreateFilterDescriptor",
         )?;
-        // SAFETY: `desc` is live; the dims fit `int` (`Geometry::new`).
+        // SAFETY: `desc` is live; the dims fit `int` (`ConvDims::new`).
         let status = unsafe {
             (lib.cudnnSetFilter4dDescriptor)(
                 desc.raw,
@@ -180,7 +180,7 @@ impl Descriptor {
     }
 
     /// A cross-correlation, computed in f32 whatever the data type.
-    fn convolution(lib: &Library, data: DataType, geometry: &Geometry) -> Result<Self, Failure> {
+    fn convolution(lib: &Library, data: DataType, geometry: &ConvDims) -> Result<Self, Failure> {
         let desc = Self::create(
             lib,
             lib.cudnnCreateConvolutionDescriptor,
@@ -295,8 +295,8 @@ pub(crate) fn wait(
     launch: &mut ExternalLaunch<'_>,
     job: &Job,
     kept: Option<Choice>,
-) -> Outcome<Choice> {
-    let run = |launch: &mut ExternalLaunch<'_>| -> Result<Outcome<Choice>, Failure> {
+) -> CallOutcome<Choice> {
+    let run = |launch: &mut ExternalLaunch<'_>| -> Result<CallOutcome<Choice>, Failure> {
         let lib = lib()?;
         let handle = handle_on(lib, launch)?;
         let desc = Descriptors::of(lib, job)?;
@@ -306,7 +306,7 @@ pub(crate) fn wait(
             && execute(lib, launch, handle, &desc, job, choice).is_ok()
         {
             let (searched, full_scratch) = (false, true);
-            return Ok(Outcome::Ran {
+            return Ok(CallOutcome::Ran {
                 choice,
                 searched,
                 full_scratch,
@@ -314,13 +314,13 @@ pub(crate) fn wait(
         }
         let (choice, full_scratch) = search(lib, launch, handle, &desc, job)?;
         execute(lib, launch, handle, &desc, job, choice)?;
-        Ok(Outcome::Ran {
+        Ok(CallOutcome::Ran {
             choice,
             searched: true,
             full_scratch,
         })
     };
-    run(launch).unwrap_or_else(Outcome::Failed)
+    run(launch).unwrap_or_else(CallOutcome::Failed)
 }
 
 /// Enqueues `choice`'s algorithm with its math type and a workspace from the stream's pool.
@@ -418,17 +418,22 @@ fn search(
 }
 
 /// The workspace each algorithm of the pass asks for, those cuDNN supports for the job only.
-fn workspace_sizes(lib: &Library, handle: Handle, desc: &Descriptors, pass: Pass) -> Vec<usize> {
+fn workspace_sizes(
+    lib: &Library,
+    handle: Handle,
+    desc: &Descriptors,
+    pass: ConvPass,
+) -> Vec<usize> {
     let (get, [a, b, c, d]) = match pass {
-        Pass::Forward => (
+        ConvPass::Forward => (
             lib.cudnnGetConvolutionForwardWorkspaceSize,
             [desc.x.raw, desc.w.raw, desc.conv.raw, desc.y.raw],
         ),
-        Pass::BackwardData => (
+        ConvPass::BackwardData => (
             lib.cudnnGetConvolutionBackwardDataWorkspaceSize,
             [desc.w.raw, desc.y.raw, desc.conv.raw, desc.x.raw],
         ),
-        Pass::BackwardFilter => (
+        ConvPass::BackwardFilter => (
             lib.cudnnGetConvolutionBackwardFilterWorkspaceSize,
             [desc.x.raw, desc.y.raw, desc.conv.raw, desc.w.raw],
         ),
@@ -451,23 +456,23 @@ fn find(
     lib: &Library,
     handle: Handle,
     desc: &Descriptors,
-    pass: Pass,
+    pass: ConvPass,
     [a, b, out]: [u64; 3],
     scratch: u64,
     scratch_size: usize,
 ) -> Result<Vec<(u32, MathType, usize)>, Failure> {
     let (find, name, [da, db, dconv, dout]) = match pass {
-        Pass::Forward => (
+        ConvPass::Forward => (
             lib.cudnnFindConvolutionForwardAlgorithmEx,
             "cudnnFindConvolutionForwardAlgorithmEx",
             [desc.x.raw, desc.w.raw, desc.conv.raw, desc.y.raw],
         ),
-        Pass::BackwardData => (
+        ConvPass::BackwardData => (
             lib.cudnnFindConvolutionBackwardDataAlgorithmEx,
             "cudnnFindConvolutionBackwardDataAlgorithmEx",
             [desc.w.raw, desc.y.raw, desc.conv.raw, desc.x.raw],
         ),
-        Pass::BackwardFilter => (
+        ConvPass::BackwardFilter => (
             lib.cudnnFindConvolutionBackwardFilterAlgorithmEx,
             "cudnnFindConvolutionBackwardFilterAlgorithmEx",
             [desc.x.raw, desc.y.raw, desc.conv.raw, desc.w.raw],
@@ -517,7 +522,7 @@ fn launch_algo(
     lib: &Library,
     handle: Handle,
     desc: &Descriptors,
-    pass: Pass,
+    pass: ConvPass,
     algo: c_int,
     [a, b, out]: [u64; 3],
     workspace: u64,
@@ -527,17 +532,17 @@ fn launch_algo(
     let alpha = &alpha as *const f32 as *const c_void;
     let beta = &beta as *const f32 as *const c_void;
     let (call, name, [da, db, dout]) = match pass {
-        Pass::Forward => (
+        ConvPass::Forward => (
             lib.cudnnConvolutionForward,
             "cudnnConvolutionForward",
             [desc.x.raw, desc.w.raw, desc.y.raw],
         ),
-        Pass::BackwardData => (
+        ConvPass::BackwardData => (
             lib.cudnnConvolutionBackwardData,
             "cudnnConvolutionBackwardData",
             [desc.w.raw, desc.y.raw, desc.x.raw],
         ),
-        Pass::BackwardFilter => (
+        ConvPass::BackwardFilter => (
             lib.cudnnConvolutionBackwardFilter,
             "cudnnConvolutionBackwardFilter",
             [desc.x.raw, desc.y.raw, desc.w.raw],

@@ -32,7 +32,7 @@ use cubecl_cuda::CudaRuntime;
 
 use crate::same;
 pub(crate) use norm::batch_norm_train;
-use plan::{DataType, Geometry, Pass};
+use plan::{ConvDims, ConvPass, DataType};
 
 /// The backend under burn's fusion on CUDA (`Cuda` is `Fusion<Cube>`).
 type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
@@ -69,7 +69,7 @@ pub(crate) fn conv2d<B: Backend>(
     if weight.dtype() != x.dtype() {
         return None;
     }
-    let geometry = Geometry::new(x.dims(), weight.dims(), options).ok()?;
+    let geometry = ConvDims::new(x.dims(), weight.dims(), options).ok()?;
     // The type checks first: they cost nothing, and backends other than CUDA never probe for
     // cuDNN.
     if let (Some(x), Some(weight)) = (
@@ -80,7 +80,7 @@ pub(crate) fn conv2d<B: Backend>(
             return None;
         }
         let y = op::register(
-            Pass::Forward,
+            ConvPass::Forward,
             vec![
                 x.into_primitive().tensor(),
                 weight.into_primitive().tensor(),
@@ -101,13 +101,13 @@ pub(crate) fn conv2d<B: Backend>(
 fn train_conv2d(
     x: Tensor<Train, 4>,
     weight: Tensor<Train, 4>,
-    geometry: Geometry,
+    geometry: ConvDims,
     options: ConvOptions<2>,
 ) -> Tensor<Train, 4> {
     let x = x.into_primitive().tensor();
     let weight = weight.into_primitive().tensor();
     let forward = |x: FloatTensor<Cuda>, weight: FloatTensor<Cuda>| {
-        op::register(Pass::Forward, vec![x, weight], geometry.y, &options)
+        op::register(ConvPass::Forward, vec![x, weight], geometry.y, &options)
     };
     let y = match Conv2dBackward
         .prepare::<NoCheckpointing>([x.node.clone(), weight.node.clone()])
@@ -147,7 +147,7 @@ impl Backward<Cuda, 2> for Conv2dBackward {
         let w_dims: [usize; 4] = weight.shape().dims();
         if let Some(node) = weight_node {
             let dw = op::register(
-                Pass::BackwardFilter,
+                ConvPass::BackwardFilter,
                 vec![x.clone(), weight.clone(), grad.clone()],
                 w_dims,
                 &options,
@@ -155,7 +155,12 @@ impl Backward<Cuda, 2> for Conv2dBackward {
             grads.register::<Cuda>(node.id, dw);
         }
         if let Some(node) = x_node {
-            let dx = op::register(Pass::BackwardData, vec![x, weight, grad], x_dims, &options);
+            let dx = op::register(
+                ConvPass::BackwardData,
+                vec![x, weight, grad],
+                x_dims,
+                &options,
+            );
             grads.register::<Cuda>(node.id, dx);
         }
     }

@@ -31,7 +31,7 @@ use super::ffi::{BATCHNORM_SPATIAL, Descriptor, check, handle_on, lib};
 use super::norm_math;
 use super::op::{Handles, Runtime, aligned, inputs, report};
 use super::plan::DataType;
-use super::policy::{Failure, Keys, Outcome, Route};
+use super::policy::{CallOutcome, Failure, Keys, Route};
 use super::{Cube, Cuda, Train, available};
 use crate::same;
 
@@ -81,7 +81,7 @@ fn train(
     ];
     let outputs = [vec![n, c, h, w], vec![c], vec![c], vec![c], vec![c]];
     let [y, mean, inv_std, batch_mean, unbiased_var] =
-        register(Pass::Forward, inputs, outputs, eps)
+        register(NormPass::Forward, inputs, outputs, eps)
             .try_into()
             .expect("five outputs");
     let y = match BatchNormBackward
@@ -143,7 +143,7 @@ impl Backward<Cuda, 3> for BatchNormBackward {
         let c = dims[1];
         let inputs = vec![x, dy, saved.weight, saved.mean, saved.inv_std];
         let shapes = [dims.to_vec(), vec![c], vec![c]];
-        let [dx, dweight, dbias] = register(Pass::Backward, inputs, shapes, saved.eps)
+        let [dx, dweight, dbias] = register(NormPass::Backward, inputs, shapes, saved.eps)
             .try_into()
             .expect("three outputs");
         for (node, grad) in [(x_node, dx), (weight_node, dweight), (bias_node, dbias)] {
@@ -158,22 +158,22 @@ impl Backward<Cuda, 3> for BatchNormBackward {
 /// mean, inv_std, batch mean, unbiased variance]`; backward `[x, dy, weight, mean, inv_std]` to
 /// `[dx, dweight, dbias]`. Every tensor f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Pass {
+enum NormPass {
     Forward,
     Backward,
 }
 
-impl Pass {
+impl NormPass {
     fn name(self) -> &'static str {
         match self {
-            Pass::Forward => "kiln_cudnn_batch_norm",
-            Pass::Backward => "kiln_cudnn_batch_norm_backward",
+            NormPass::Forward => "kiln_cudnn_batch_norm",
+            NormPass::Backward => "kiln_cudnn_batch_norm_backward",
         }
     }
 }
 
 /// A batch norm call's key: the pass, the input's shape and whether its buffers are aligned.
-type NormKey = (Pass, [usize; 4], bool);
+type NormKey = (NormPass, [usize; 4], bool);
 
 /// Every batch norm key met in this process.
 fn keys() -> &'static Keys<NormKey, ()> {
@@ -183,7 +183,7 @@ fn keys() -> &'static Keys<NormKey, ()> {
 
 /// Registers `pass` in the inputs' fusion stream and returns its outputs, of `shapes`.
 fn register<const N: usize>(
-    pass: Pass,
+    pass: NormPass,
     inputs: Vec<FloatTensor<Cuda>>,
     shapes: [Vec<usize>; N],
     eps: f64,
@@ -207,7 +207,7 @@ fn register<const N: usize>(
 #[derive(Debug, Clone)]
 struct CudnnBatchNorm {
     desc: CustomOpIr,
-    pass: Pass,
+    pass: NormPass,
     eps: f64,
 }
 
@@ -224,7 +224,7 @@ impl Operation<Runtime> for CudnnBatchNorm {
 
 /// The pass in burn's operations on cubecl's kernels.
 fn with_burn(
-    pass: Pass,
+    pass: NormPass,
     inputs: Vec<CubeTensor<CudaRuntime>>,
     eps: f64,
 ) -> Vec<CubeTensor<CudaRuntime>> {
@@ -237,7 +237,7 @@ fn with_burn(
     let mut inputs = inputs.into_iter();
     let mut next = || inputs.next().expect("the pass's inputs");
     match pass {
-        Pass::Forward => {
+        NormPass::Forward => {
             let (x, weight, bias) = (tensor(next()), tensor(next()), tensor(next()));
             let out = norm_math::forward(x, weight, bias, eps);
             vec![
@@ -248,7 +248,7 @@ fn with_burn(
                 primitive(out.unbiased_var),
             ]
         }
-        Pass::Backward => {
+        NormPass::Backward => {
             let (x, dy) = (tensor(next()), tensor(next()));
             let (weight, mean, inv_std) = (tensor(next()), tensor(next()), tensor(next()));
             let (dx, dweight, dbias) = norm_math::backward(x, dy, weight, mean, inv_std);
@@ -261,7 +261,7 @@ fn with_burn(
 /// waiting for a shape that ran before; `None` where cuDNN does not run it (burn's operations
 /// then do).
 fn with_cudnn(
-    pass: Pass,
+    pass: NormPass,
     inputs: &[CubeTensor<CudaRuntime>],
     eps: f64,
 ) -> Option<Vec<CubeTensor<CudaRuntime>>> {
@@ -294,8 +294,8 @@ fn with_cudnn(
         )
     };
     let shapes = match pass {
-        Pass::Forward => vec![dims.to_vec(), vec![c], vec![c], vec![c], vec![c]],
-        Pass::Backward => vec![dims.to_vec(), vec![c], vec![c]],
+        NormPass::Forward => vec![dims.to_vec(), vec![c], vec![c], vec![c], vec![c]],
+        NormPass::Backward => vec![dims.to_vec(), vec![c], vec![c]],
     };
     let outputs: Vec<CubeTensor<CudaRuntime>> = shapes.into_iter().map(empty).collect();
     let bindings = packed
@@ -304,8 +304,8 @@ fn with_cudnn(
         .map(|t| t.handle.clone().binding())
         .collect();
     let run = move |launch: &mut ExternalLaunch<'_>| match pass {
-        Pass::Forward => forward_training(launch, dims, eps),
-        Pass::Backward => backward(launch, dims, eps),
+        NormPass::Forward => forward_training(launch, dims, eps),
+        NormPass::Backward => backward(launch, dims, eps),
     };
     let (client, device) = (x.client.clone(), x.device.clone());
     if !wait {
@@ -322,18 +322,18 @@ fn with_cudnn(
         return Some(outputs);
     }
     let outcome = match cubecl_cuda::launch_external(&client, &device, pass.name(), bindings, run) {
-        Ok(Ok(())) => Outcome::Ran {
+        Ok(Ok(())) => CallOutcome::Ran {
             choice: (),
             searched: false,
             full_scratch: true,
         },
-        Ok(Err(failure)) => Outcome::Failed(failure),
-        Err(err) => Outcome::Failed(Failure::transient(format!("{err:?}"))),
+        Ok(Err(failure)) => CallOutcome::Failed(failure),
+        Err(err) => CallOutcome::Failed(Failure::transient(format!("{err:?}"))),
     };
     keys().settle(&key, &outcome);
     match outcome {
-        Outcome::Ran { .. } => Some(outputs),
-        Outcome::Failed(failure) => {
+        CallOutcome::Ran { .. } => Some(outputs),
+        CallOutcome::Failed(failure) => {
             report(&format!("{} of {dims:?}", pass.name()), &failure);
             None
         }

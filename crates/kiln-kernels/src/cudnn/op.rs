@@ -28,14 +28,14 @@ use cubecl_cuda::CudaRuntime;
 
 use super::choices::{self, convolutions};
 use super::ffi::{self, Job};
-use super::plan::{self, AlgoKey, DataType, Geometry, Pass};
-use super::policy::{Cause, Failure, Outcome, Route};
+use super::plan::{self, AlgoKey, ConvDims, ConvPass, DataType};
+use super::policy::{CallOutcome, Cause, Failure, Route};
 use super::{Cube, Cuda};
 
 /// Registers `pass` in `x`'s fusion stream and returns its output: forward from `[x, w]`,
 /// the gradients from `[x, w, dy]` (burn's fallback kernels take `x` and `w` for both).
 pub(crate) fn register(
-    pass: Pass,
+    pass: ConvPass,
     inputs: Vec<FloatTensor<Cuda>>,
     out_shape: [usize; 4],
     options: &ConvOptions<2>,
@@ -60,21 +60,21 @@ pub(crate) fn register(
         .output()
 }
 
-impl Pass {
+impl ConvPass {
     /// The two inputs cuDNN reads for this pass, of the registered `[x, w]` or `[x, w, dy]`.
     fn operands<T>(self, inputs: &[T]) -> [&T; 2] {
         match self {
-            Pass::Forward => [&inputs[0], &inputs[1]],
-            Pass::BackwardData => [&inputs[1], &inputs[2]],
-            Pass::BackwardFilter => [&inputs[0], &inputs[2]],
+            ConvPass::Forward => [&inputs[0], &inputs[1]],
+            ConvPass::BackwardData => [&inputs[1], &inputs[2]],
+            ConvPass::BackwardFilter => [&inputs[0], &inputs[2]],
         }
     }
 
     fn name(self) -> &'static str {
         match self {
-            Pass::Forward => "kiln_cudnn_conv2d",
-            Pass::BackwardData => "kiln_cudnn_conv2d_x_backward",
-            Pass::BackwardFilter => "kiln_cudnn_conv2d_weight_backward",
+            ConvPass::Forward => "kiln_cudnn_conv2d",
+            ConvPass::BackwardData => "kiln_cudnn_conv2d_x_backward",
+            ConvPass::BackwardFilter => "kiln_cudnn_conv2d_weight_backward",
         }
     }
 }
@@ -82,7 +82,7 @@ impl Pass {
 #[derive(Debug, Clone)]
 struct CudnnConv {
     desc: CustomOpIr,
-    pass: Pass,
+    pass: ConvPass,
     options: ConvOptions<2>,
 }
 
@@ -118,7 +118,7 @@ impl Operation<Runtime> for CudnnConv {
 /// cuDNN's result, or burn's kernel's where cuDNN does not run (each distinct reason logged
 /// once).
 fn convolve(
-    pass: Pass,
+    pass: ConvPass,
     inputs: Vec<CubeTensor<CudaRuntime>>,
     options: &ConvOptions<2>,
 ) -> CubeTensor<CudaRuntime> {
@@ -154,7 +154,7 @@ pub(crate) fn report(what: &str, failure: &Failure) {
 }
 
 fn with_burn(
-    pass: Pass,
+    pass: ConvPass,
     inputs: Vec<CubeTensor<CudaRuntime>>,
     options: &ConvOptions<2>,
 ) -> CubeTensor<CudaRuntime> {
@@ -162,9 +162,9 @@ fn with_burn(
     let (x, w) = (inputs.next().unwrap(), inputs.next().unwrap());
     let options = options.clone();
     match (pass, inputs.next()) {
-        (Pass::Forward, _) => Cube::conv2d(x, w, None, options),
-        (Pass::BackwardData, Some(dy)) => Cube::conv2d_x_backward(x, w, dy, options),
-        (Pass::BackwardFilter, Some(dy)) => Cube::conv2d_weight_backward(x, w, dy, options),
+        (ConvPass::Forward, _) => Cube::conv2d(x, w, None, options),
+        (ConvPass::BackwardData, Some(dy)) => Cube::conv2d_x_backward(x, w, dy, options),
+        (ConvPass::BackwardFilter, Some(dy)) => Cube::conv2d_weight_backward(x, w, dy, options),
         (_, None) => unreachable!("a gradient is registered with its output gradient"),
     }
 }
@@ -191,11 +191,11 @@ struct Call {
 impl Call {
     /// The call of `pass` on `inputs`, or why cuDNN's path does not take it.
     fn new(
-        pass: Pass,
+        pass: ConvPass,
         inputs: &[CubeTensor<CudaRuntime>],
         options: &ConvOptions<2>,
     ) -> Result<Self, String> {
-        let expected = if pass == Pass::Forward { 2 } else { 3 };
+        let expected = if pass == ConvPass::Forward { 2 } else { 3 };
         if inputs.len() != expected {
             return Err(format!("{} inputs, expected {expected}", inputs.len()));
         }
@@ -208,7 +208,7 @@ impl Call {
             return Err(format!("mixed dtypes {dtypes:?}"));
         }
         let data = DataType::from_dtype(dtype).ok_or_else(|| format!("dtype {dtype:?}"))?;
-        let geometry = Geometry::new(dims(&inputs[0]), dims(&inputs[1]), options)?;
+        let geometry = ConvDims::new(dims(&inputs[0]), dims(&inputs[1]), options)?;
         if let Some(dy) = inputs.get(2)
             && dims(dy) != geometry.y
         {
@@ -305,15 +305,15 @@ impl Call {
         let run = move |launch: &mut cubecl_cuda::ExternalLaunch<'_>| ffi::wait(launch, &job, kept);
         let outcome =
             cubecl_cuda::launch_external(&client, &device, job.pass.name(), bindings, run)
-                .unwrap_or_else(|e| Outcome::Failed(Failure::transient(format!("{e:?}"))));
+                .unwrap_or_else(|e| CallOutcome::Failed(Failure::transient(format!("{e:?}"))));
         if convolutions().settle(&self.key, &outcome)
-            && let Outcome::Ran { choice, .. } = outcome
+            && let CallOutcome::Ran { choice, .. } = outcome
         {
             choices::keep(self.key, choice);
         }
         match outcome {
-            Outcome::Ran { .. } => Some(output),
-            Outcome::Failed(failure) => {
+            CallOutcome::Ran { .. } => Some(output),
+            CallOutcome::Failed(failure) => {
                 let what = format!("{} of {:?} ({:?})", job.pass.name(), job.geometry, job.data);
                 report(&what, &failure);
                 None

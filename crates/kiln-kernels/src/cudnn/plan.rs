@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 /// backward filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum Pass {
+pub(crate) enum ConvPass {
     /// `y = conv(x, w)`.
     Forward,
     /// `dx` from `w` and `dy`.
@@ -125,7 +125,7 @@ impl MathType {
 /// A 2-D convolution in NCHW: input `x [N, C, H, W]`, weight `w [K, C / groups, R, S]`, output
 /// `y [N, K, P, Q]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub(crate) struct Geometry {
+pub(crate) struct ConvDims {
     pub x: [usize; 4],
     pub w: [usize; 4],
     pub y: [usize; 4],
@@ -142,7 +142,7 @@ fn one_group() -> usize {
     1
 }
 
-impl Geometry {
+impl ConvDims {
     /// The geometry of `conv2d(x, w, options)`, or why cuDNN's path does not take it.
     pub(crate) fn new(
         x: [usize; 4],
@@ -171,7 +171,7 @@ impl Geometry {
         let (Some(p), Some(q)) = (size(0), size(1)) else {
             return Err(format!("kernel {w:?} larger than the padded input {x:?}"));
         };
-        let geometry = Geometry {
+        let geometry = ConvDims {
             x,
             w,
             y: [x[0], w[0], p, q],
@@ -213,11 +213,11 @@ impl Geometry {
     }
 
     /// The shape of the tensor `pass` writes.
-    pub(crate) fn output(&self, pass: Pass) -> [usize; 4] {
+    pub(crate) fn output(&self, pass: ConvPass) -> [usize; 4] {
         match pass {
-            Pass::Forward => self.y,
-            Pass::BackwardData => self.x,
-            Pass::BackwardFilter => self.w,
+            ConvPass::Forward => self.y,
+            ConvPass::BackwardData => self.x,
+            ConvPass::BackwardFilter => self.w,
         }
     }
 
@@ -270,9 +270,9 @@ pub(crate) fn packed_strides(dims: [usize; 4]) -> [usize; 4] {
 pub(crate) struct AlgoKey {
     #[serde(skip)]
     pub device: usize,
-    pub pass: Pass,
+    pub pass: ConvPass,
     pub data: DataType,
-    pub geometry: Geometry,
+    pub geometry: ConvDims,
     pub tf32: bool,
     pub aligned: bool,
 }
@@ -338,11 +338,11 @@ pub(crate) fn choose<A: Copy>(
 
 /// The number of algorithms of each pass in cuDNN 9 (`CUDNN_CONVOLUTION_*_ALGO_COUNT`): an
 /// algorithm is the value of its pass's enum, below this.
-pub(crate) fn algo_count(pass: Pass) -> u32 {
+pub(crate) fn algo_count(pass: ConvPass) -> u32 {
     match pass {
-        Pass::Forward => 8,
-        Pass::BackwardData => 6,
-        Pass::BackwardFilter => 7,
+        ConvPass::Forward => 8,
+        ConvPass::BackwardData => 6,
+        ConvPass::BackwardFilter => 7,
     }
 }
 
@@ -392,16 +392,16 @@ mod tests {
 
     #[test]
     fn geometry_of_resnet_convolutions() {
-        let stem = Geometry::new([2, 3, 224, 224], [64, 3, 7, 7], &options(2, 3, 1)).unwrap();
+        let stem = ConvDims::new([2, 3, 224, 224], [64, 3, 7, 7], &options(2, 3, 1)).unwrap();
         assert_eq!(stem.y, [2, 64, 112, 112]);
         assert_eq!(stem.conv_params(), [3, 3, 2, 2, 1, 1]);
-        let down = Geometry::new([1, 64, 15, 15], [128, 64, 1, 1], &options(2, 0, 1)).unwrap();
+        let down = ConvDims::new([1, 64, 15, 15], [128, 64, 1, 1], &options(2, 0, 1)).unwrap();
         assert_eq!(down.y, [1, 128, 8, 8]);
-        assert_eq!(down.output(Pass::Forward), [1, 128, 8, 8]);
-        assert_eq!(down.output(Pass::BackwardData), [1, 64, 15, 15]);
-        assert_eq!(down.output(Pass::BackwardFilter), [128, 64, 1, 1]);
+        assert_eq!(down.output(ConvPass::Forward), [1, 128, 8, 8]);
+        assert_eq!(down.output(ConvPass::BackwardData), [1, 64, 15, 15]);
+        assert_eq!(down.output(ConvPass::BackwardFilter), [128, 64, 1, 1]);
         let asymmetric = ConvOptions::new([1, 2], [1, 0], [1, 1], 1);
-        let g = Geometry::new([3, 5, 17, 23], [6, 5, 3, 3], &asymmetric).unwrap();
+        let g = ConvDims::new([3, 5, 17, 23], [6, 5, 3, 3], &asymmetric).unwrap();
         assert_eq!(g.y, [3, 6, 17, 11]);
         assert_eq!(g.conv_params(), [1, 0, 1, 2, 1, 1]);
     }
@@ -410,32 +410,32 @@ mod tests {
     fn grouped_geometry_carries_its_groups() {
         // ResNeXt-50's first grouped 3x3: 128 channels in 32 groups of 4.
         let grouped = ConvOptions::new([1, 1], [1, 1], [1, 1], 32);
-        let g = Geometry::new([2, 128, 56, 56], [128, 4, 3, 3], &grouped).unwrap();
+        let g = ConvDims::new([2, 128, 56, 56], [128, 4, 3, 3], &grouped).unwrap();
         assert_eq!((g.groups, g.y), (32, [2, 128, 56, 56]));
-        assert_eq!(g.output(Pass::BackwardFilter), [128, 4, 3, 3]);
+        assert_eq!(g.output(ConvPass::BackwardFilter), [128, 4, 3, 3]);
         // Choices kept before groups existed read back as one group.
         let mut json = serde_json::to_value(g).unwrap();
         json.as_object_mut().unwrap().remove("groups");
-        let old: Geometry = serde_json::from_value(json).unwrap();
+        let old: ConvDims = serde_json::from_value(json).unwrap();
         assert_eq!(old.groups, 1);
     }
 
     #[test]
     fn geometry_refuses_what_cudnn_path_does_not_take() {
         let grouped = ConvOptions::new([1, 1], [1, 1], [1, 1], 2);
-        assert!(Geometry::new([1, 4, 8, 8], [4, 4, 3, 3], &grouped).is_err());
-        assert!(Geometry::new([1, 4, 8, 8], [3, 2, 3, 3], &grouped).is_err());
-        assert!(Geometry::new([1, 4, 8, 8], [4, 2, 3, 3], &grouped).is_ok());
-        assert!(Geometry::new([1, 4, 8, 8], [4, 3, 3, 3], &options(1, 1, 1)).is_err());
-        assert!(Geometry::new([1, 4, 2, 2], [4, 4, 3, 3], &options(1, 0, 1)).is_err());
-        assert!(Geometry::new([0, 4, 8, 8], [4, 4, 3, 3], &options(1, 1, 1)).is_err());
+        assert!(ConvDims::new([1, 4, 8, 8], [4, 4, 3, 3], &grouped).is_err());
+        assert!(ConvDims::new([1, 4, 8, 8], [3, 2, 3, 3], &grouped).is_err());
+        assert!(ConvDims::new([1, 4, 8, 8], [4, 2, 3, 3], &grouped).is_ok());
+        assert!(ConvDims::new([1, 4, 8, 8], [4, 3, 3, 3], &options(1, 1, 1)).is_err());
+        assert!(ConvDims::new([1, 4, 2, 2], [4, 4, 3, 3], &options(1, 0, 1)).is_err());
+        assert!(ConvDims::new([0, 4, 8, 8], [4, 4, 3, 3], &options(1, 1, 1)).is_err());
         // `ConvOptions::new` refuses a zero stride; the fields are public.
         let zero_stride = ConvOptions {
             stride: [0, 1],
             ..options(1, 1, 1)
         };
-        assert!(Geometry::new([1, 4, 8, 8], [4, 4, 3, 3], &zero_stride).is_err());
-        let huge = Geometry::new([1 << 12, 64, 128, 128], [64, 64, 3, 3], &options(1, 1, 1));
+        assert!(ConvDims::new([1, 4, 8, 8], [4, 4, 3, 3], &zero_stride).is_err());
+        let huge = ConvDims::new([1 << 12, 64, 128, 128], [64, 64, 3, 3], &options(1, 1, 1));
         assert!(huge.is_err(), "2^32 elements pass cuDNN's int limit");
     }
 
@@ -500,10 +500,10 @@ mod tests {
 
     #[test]
     fn algorithm_keys_tell_apart_what_changes_the_choice() {
-        let g = Geometry::new([8, 64, 32, 32], [64, 64, 3, 3], &options(1, 1, 1)).unwrap();
+        let g = ConvDims::new([8, 64, 32, 32], [64, 64, 3, 3], &options(1, 1, 1)).unwrap();
         let key = AlgoKey {
             device: 0,
-            pass: Pass::Forward,
+            pass: ConvPass::Forward,
             data: DataType::F32,
             geometry: g,
             tf32: true,
@@ -515,7 +515,7 @@ mod tests {
         let others = [
             AlgoKey { device: 1, ..key },
             AlgoKey {
-                pass: Pass::BackwardData,
+                pass: ConvPass::BackwardData,
                 ..key
             },
             AlgoKey {
@@ -528,12 +528,12 @@ mod tests {
                 ..key
             },
             AlgoKey {
-                geometry: Geometry::new([8, 64, 32, 32], [64, 64, 3, 3], &options(2, 1, 1))
+                geometry: ConvDims::new([8, 64, 32, 32], [64, 64, 3, 3], &options(2, 1, 1))
                     .unwrap(),
                 ..key
             },
             AlgoKey {
-                geometry: Geometry::new(
+                geometry: ConvDims::new(
                     [8, 64, 32, 32],
                     [64, 2, 3, 3],
                     &ConvOptions::new([1, 1], [1, 1], [1, 1], 32),
@@ -591,7 +591,7 @@ mod tests {
 
     #[test]
     fn a_kept_choice_is_held_to_the_keys_settings() {
-        let g = Geometry::new([8, 64, 32, 32], [64, 64, 3, 3], &options(1, 1, 1)).unwrap();
+        let g = ConvDims::new([8, 64, 32, 32], [64, 64, 3, 3], &options(1, 1, 1)).unwrap();
         let key = |pass, data, tf32| AlgoKey {
             device: 0,
             pass,
@@ -606,12 +606,12 @@ mod tests {
             workspace: 1024,
         };
         // A file entry saying "default" math for f32 without TF32 runs plain f32 products.
-        let f32_exact = key(Pass::Forward, DataType::F32, false);
+        let f32_exact = key(ConvPass::Forward, DataType::F32, false);
         assert_eq!(
             choice(1, MathType::Default).kept_for(&f32_exact),
             Some(choice(1, MathType::Fma))
         );
-        let f32_tf32 = key(Pass::Forward, DataType::F32, true);
+        let f32_tf32 = key(ConvPass::Forward, DataType::F32, true);
         assert_eq!(
             choice(1, MathType::Default).kept_for(&f32_tf32),
             Some(choice(1, MathType::Default))
@@ -623,7 +623,7 @@ mod tests {
         );
         // An algorithm this cuDNN does not have is searched again.
         assert_eq!(choice(8, MathType::Default).kept_for(&f32_tf32), None);
-        let filter = key(Pass::BackwardFilter, DataType::Bf16, false);
+        let filter = key(ConvPass::BackwardFilter, DataType::Bf16, false);
         assert_eq!(
             choice(6, MathType::TensorOp).kept_for(&filter),
             Some(choice(6, MathType::TensorOp))

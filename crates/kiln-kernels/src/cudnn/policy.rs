@@ -143,7 +143,7 @@ pub(crate) fn route<C: Copy>(state: Option<State<C>>) -> (Route<C>, Option<State
 
 /// How a waited call ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Outcome<C> {
+pub(crate) enum CallOutcome<C> {
     /// It ran `choice`. `searched`: measured by this call (not a kept choice, and not a call
     /// without choices); `full_scratch`: the search had all the scratch memory it asked for.
     Ran {
@@ -157,7 +157,10 @@ pub(crate) enum Outcome<C> {
 
 /// The state a waited call leaves behind, from the state it found and how it ended, and
 /// whether its choice is to be kept on disk for later processes.
-pub(crate) fn settle<C: Copy>(before: Option<State<C>>, outcome: &Outcome<C>) -> (State<C>, bool) {
+pub(crate) fn settle<C: Copy>(
+    before: Option<State<C>>,
+    outcome: &CallOutcome<C>,
+) -> (State<C>, bool) {
     let failures_so_far = match before {
         Some(State::Backoff { failures, .. }) | Some(State::Provisional { failures, .. }) => {
             failures + 1
@@ -165,7 +168,7 @@ pub(crate) fn settle<C: Copy>(before: Option<State<C>>, outcome: &Outcome<C>) ->
         _ => 0,
     };
     match *outcome {
-        Outcome::Ran {
+        CallOutcome::Ran {
             choice,
             searched,
             full_scratch,
@@ -183,11 +186,11 @@ pub(crate) fn settle<C: Copy>(before: Option<State<C>>, outcome: &Outcome<C>) ->
                 (State::Verified(choice), searched)
             }
         }
-        Outcome::Failed(Failure {
+        CallOutcome::Failed(Failure {
             cause: Cause::Unsupported,
             ..
         }) => (State::Unsupported, false),
-        Outcome::Failed(Failure {
+        CallOutcome::Failed(Failure {
             cause: Cause::Transient,
             ..
         }) => {
@@ -255,7 +258,7 @@ impl<K: Eq + Hash + Clone, C: Copy> Keys<K, C> {
     }
 
     /// Records how a waited call of `key` ended; whether its choice is to be kept on disk.
-    pub(crate) fn settle(&self, key: &K, outcome: &Outcome<C>) -> bool {
+    pub(crate) fn settle(&self, key: &K, outcome: &CallOutcome<C>) -> bool {
         let mut states = self.states();
         let (next, keep) = settle(states.get(key).copied(), outcome);
         states.insert(key.clone(), next);
@@ -295,7 +298,7 @@ mod tests {
     fn calls(
         mut state: Option<S>,
         calls: usize,
-        outcome: impl Fn() -> Outcome<u8>,
+        outcome: impl Fn() -> CallOutcome<u8>,
     ) -> (Vec<Route<u8>>, Option<S>) {
         let mut routes = Vec::new();
         for _ in 0..calls {
@@ -309,8 +312,8 @@ mod tests {
         (routes, state)
     }
 
-    fn ran(choice: u8, searched: bool, full_scratch: bool) -> Outcome<u8> {
-        Outcome::Ran {
+    fn ran(choice: u8, searched: bool, full_scratch: bool) -> CallOutcome<u8> {
+        CallOutcome::Ran {
             choice,
             searched,
             full_scratch,
@@ -349,7 +352,7 @@ mod tests {
 
     #[test]
     fn an_unsupported_key_runs_burns_kernel_for_good() {
-        let failed = || Outcome::Failed(Failure::unsupported("NOT_SUPPORTED"));
+        let failed = || CallOutcome::Failed(Failure::unsupported("NOT_SUPPORTED"));
         let (routes, state) = calls(None, 50, failed);
         assert_eq!(routes[0], Route::Wait { kept: None });
         assert!(routes[1..].iter().all(|r| *r == Route::Burn));
@@ -358,7 +361,7 @@ mod tests {
 
     #[test]
     fn a_transient_failure_is_tried_again_later_and_less_often() {
-        let failed = || Outcome::Failed(Failure::transient("ALLOC_FAILED"));
+        let failed = || CallOutcome::Failed(Failure::transient("ALLOC_FAILED"));
         let (routes, _) = calls(None, 200, failed);
         let waits: Vec<usize> = routes
             .iter()
@@ -378,7 +381,7 @@ mod tests {
         let outcome = move || {
             failures -= 1;
             if failures >= 0 {
-                Outcome::Failed(Failure::transient("a failed sync"))
+                CallOutcome::Failed(Failure::transient("a failed sync"))
             } else {
                 ran(7, true, true)
             }

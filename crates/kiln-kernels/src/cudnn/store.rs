@@ -121,17 +121,17 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::super::plan::{DataType, Geometry, MathType, Pass};
+    use super::super::plan::{ConvDims, ConvPass, DataType, MathType};
     use super::*;
     use burn::tensor::ops::ConvOptions;
 
-    fn key(channels: usize, pass: Pass) -> AlgoKey {
+    fn key(channels: usize, pass: ConvPass) -> AlgoKey {
         let options = ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
         AlgoKey {
             device: 3,
             pass,
             data: DataType::F32,
-            geometry: Geometry::new([8, channels, 16, 16], [channels, channels, 3, 3], &options)
+            geometry: ConvDims::new([8, channels, 16, 16], [channels, channels, 3, 3], &options)
                 .unwrap(),
             tf32: true,
             aligned: true,
@@ -173,7 +173,10 @@ mod tests {
             vec![],
             "no file yet: nothing, no error"
         );
-        let (a, b) = (key(64, Pass::Forward), key(64, Pass::BackwardFilter));
+        let (a, b) = (
+            key(64, ConvPass::Forward),
+            key(64, ConvPass::BackwardFilter),
+        );
         store.save(a, saved(1)).unwrap();
         store.save(b, saved(5)).unwrap();
         let loaded = store.load().unwrap();
@@ -193,13 +196,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(dir.path(), "NVIDIA H200", "9.19.0");
         let other_process = Store::new(dir.path(), "NVIDIA H200", "9.19.0");
-        store.save(key(64, Pass::Forward), saved(1)).unwrap();
+        store.save(key(64, ConvPass::Forward), saved(1)).unwrap();
         // This process read the file before the other one saved; its save reads it again.
         let before = store.load().unwrap();
         other_process
-            .save(key(128, Pass::Forward), saved(2))
+            .save(key(128, ConvPass::Forward), saved(2))
             .unwrap();
-        store.save(key(256, Pass::Forward), saved(0)).unwrap();
+        store.save(key(256, ConvPass::Forward), saved(0)).unwrap();
         assert_eq!(before.len(), 1);
         assert_eq!(store.load().unwrap().len(), 3);
     }
@@ -214,7 +217,7 @@ mod tests {
         fs::write(file, r#"{"format": 1, "gpu": "NVIDIA H200", "choi"#).unwrap();
         let why = store.load().unwrap_err();
         assert!(why.contains("cudnn-9.19.0.json"), "{why}");
-        store.save(key(64, Pass::Forward), saved(1)).unwrap();
+        store.save(key(64, ConvPass::Forward), saved(1)).unwrap();
         assert_eq!(store.load().unwrap().len(), 1);
 
         let other_format = r#"{"format": 2, "gpu": "x", "cudnn": "y", "choices": []}"#;
@@ -228,7 +231,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(dir.path(), "NVIDIA H200", "9.19.0");
         let file = &store.path;
-        store.save(key(64, Pass::BackwardData), saved(1)).unwrap();
+        store
+            .save(key(64, ConvPass::BackwardData), saved(1))
+            .unwrap();
         let text = fs::read_to_string(file).unwrap();
         for part in [
             r#""gpu": "NVIDIA H200""#,
@@ -257,7 +262,9 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..12 {
                         let channels = 8 + thread * 100 + i;
-                        store.save(key(channels, Pass::Forward), saved(1)).unwrap();
+                        store
+                            .save(key(channels, ConvPass::Forward), saved(1))
+                            .unwrap();
                     }
                 })
             })

@@ -117,7 +117,7 @@ fn eval_on<B: Backend, R: CubeRuntime, BT: BoolElement>(
         residual: eval.residual.is_some(),
     };
     let shape = vec![eval.x.dims().to_vec()];
-    let y = register::<R, BT>(Pass::Eval, settings, inputs, shape).remove(0);
+    let y = register::<R, BT>(NormKernel::Eval, settings, inputs, shape).remove(0);
     same(Tensor::<Fused<R, BT>, 4>::from_primitive(
         TensorPrimitive::Float(y),
     ))
@@ -197,7 +197,7 @@ fn train<R: CubeRuntime, BT: BoolElement>(
         vec![c],
         vec![1],
     ];
-    let outputs = register::<R, BT>(Pass::Forward, settings, inputs, shapes);
+    let outputs = register::<R, BT>(NormKernel::Forward, settings, inputs, shapes);
     let [y, mean, inv_std, new_mean, new_var, new_tracked]: [_; 6] =
         outputs.try_into().expect("six outputs");
     let mut saved = Saved {
@@ -278,7 +278,7 @@ impl<R: CubeRuntime, BT: BoolElement, const N: usize> Backward<Fused<R, BT>, N>
         if saved.settings.residual {
             shapes.push(dims.to_vec());
         }
-        let grads_out = register::<R, BT>(Pass::Backward, saved.settings, inputs, shapes);
+        let grads_out = register::<R, BT>(NormKernel::Backward, saved.settings, inputs, shapes);
         // In the order of the parents: input, weight, bias, residual.
         for (parent, grad) in ops.parents.into_iter().zip(grads_out) {
             if let Some(node) = parent {
@@ -294,25 +294,25 @@ impl<R: CubeRuntime, BT: BoolElement, const N: usize> Backward<Fused<R, BT>, N>
 /// dbias, (dresidual)]`; inference `[x, running mean, running variance, weight, bias,
 /// (residual)]` to `[y]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pass {
+enum NormKernel {
     Forward,
     Backward,
     Eval,
 }
 
-impl Pass {
+impl NormKernel {
     fn name(self) -> &'static str {
         match self {
-            Pass::Forward => "kiln_batch_norm",
-            Pass::Backward => "kiln_batch_norm_backward",
-            Pass::Eval => "kiln_batch_norm_eval",
+            NormKernel::Forward => "kiln_batch_norm",
+            NormKernel::Backward => "kiln_batch_norm_backward",
+            NormKernel::Eval => "kiln_batch_norm_eval",
         }
     }
 }
 
 /// Registers `pass` in the inputs' fusion stream and returns its outputs, of `shapes`.
 fn register<R: CubeRuntime, BT: BoolElement>(
-    pass: Pass,
+    pass: NormKernel,
     settings: Settings,
     inputs: Vec<FloatTensor<Fused<R, BT>>>,
     shapes: Vec<Vec<usize>>,
@@ -337,7 +337,7 @@ fn register<R: CubeRuntime, BT: BoolElement>(
 #[derive(Debug)]
 struct NormOp<R, BT> {
     desc: CustomOpIr,
-    pass: Pass,
+    pass: NormKernel,
     settings: Settings,
     _backend: PhantomData<(R, BT)>,
 }
@@ -362,9 +362,9 @@ impl<R: CubeRuntime, BT: BoolElement> Operation<FusionCubeRuntime<R>> for NormOp
             .map(|t| handles.get_float_tensor::<Cube<R, BT>>(t))
             .collect();
         let outputs = match self.pass {
-            Pass::Forward => forward(inputs, self.settings),
-            Pass::Backward => backward(inputs, self.settings),
-            Pass::Eval => vec![eval(inputs, self.settings)],
+            NormKernel::Forward => forward(inputs, self.settings),
+            NormKernel::Backward => backward(inputs, self.settings),
+            NormKernel::Eval => vec![eval(inputs, self.settings)],
         };
         for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
             handles.register_float_tensor::<Cube<R, BT>>(&ir.id, tensor);
